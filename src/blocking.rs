@@ -1,0 +1,277 @@
+//! Parking and waking clients.
+//!
+//! A waiter is parked with `BlockClientOnKeys` on its lock key, so Redis keeps
+//! track of its timeout, `CLIENT UNBLOCK`, disconnection and cluster redirects.
+//! The lock is never handed over by signalling the key (that would run every
+//! waiter's callback on every release). Instead the state machine picks the
+//! waiter, the grant is made and replicated inside the command that freed the
+//! lock, and `deliver` unblocks exactly that client: `RM_UnblockClient` on a
+//! key-blocked client runs its timeout callback at once, which writes the
+//! token. So a release costs one wake-up, however long the queue.
+//!
+//! The queues live here, not in the key's value: they are made of connections,
+//! are neither persisted nor replicated, and must survive the key being
+//! deleted or expiring under them (the next holder then starts a fresh value).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::raw::{c_int, c_void};
+
+use redis_module::raw::{self, RedisModuleBlockedClient};
+
+use crate::ffi::{api, bytes, send, Ctx, RStr, Reply, OK};
+use crate::lock::{Kind, Mode, Served, WaitQueue, Waiter};
+use crate::stats;
+
+enum Status {
+    Waiting,
+    Granted(u64),
+    Failed(String),
+}
+
+struct Record {
+    bc: *mut RedisModuleBlockedClient,
+    db: i32,
+    key: Vec<u8>,
+    status: Status,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    records: HashMap<u64, Record>,
+    queues: HashMap<i32, HashMap<Vec<u8>, WaitQueue>>,
+    queued: usize,
+}
+
+thread_local! {
+    static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
+}
+
+fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    REGISTRY.with(|r| f(&mut r.borrow_mut()))
+}
+
+/// Clients parked right now.
+pub fn parked() -> usize {
+    REGISTRY.with(|r| r.try_borrow().map(|r| r.records.len()).unwrap_or(0))
+}
+
+/// Whether any queue exists at all: the fast path of every lock command.
+pub fn any_queued() -> bool {
+    with(|r| r.queued > 0)
+}
+
+/// Runs `f` on the queue of a key, if it has one. Removes the queue once empty.
+pub fn with_queue<R>(db: i32, key: &[u8], f: impl FnOnce(&mut WaitQueue) -> R) -> Option<R> {
+    with(|r| {
+        let queues = r.queues.get_mut(&db)?;
+        let q = queues.get_mut(key)?;
+        let before = q.len();
+        let out = f(q);
+        let after = q.len();
+        if q.is_empty() {
+            queues.remove(key);
+        }
+        r.queued = r.queued + after - before;
+        Some(out)
+    })
+}
+
+pub fn queue_len(db: i32, key: &[u8]) -> usize {
+    with_queue(db, key, |q| q.len()).unwrap_or(0)
+}
+
+/// Keys (db, name) that have a queue, for re-serving after a flush.
+pub fn queued_keys(db: Option<i32>) -> Vec<(i32, Vec<u8>)> {
+    with(|r| {
+        r.queues
+            .iter()
+            .filter(|(d, _)| db.is_none_or(|x| x == **d))
+            .flat_map(|(d, qs)| qs.keys().map(move |k| (*d, k.clone())))
+            .collect()
+    })
+}
+
+/// Queues a new waiter behind everyone else and returns its id.
+pub fn enqueue(db: i32, key: &[u8], kind: Kind, owner: &[u8], mode: Mode, lease_ms: i64) -> u64 {
+    with(|r| {
+        r.next_id += 1;
+        let id = r.next_id;
+        let q = r
+            .queues
+            .entry(db)
+            .or_default()
+            .entry(key.to_vec())
+            .or_insert_with(|| WaitQueue::new(kind));
+        q.push(Waiter {
+            id,
+            owner: owner.to_vec(),
+            mode,
+            lease_ms,
+        });
+        r.queued += 1;
+        id
+    })
+}
+
+/// Blocks the calling client as waiter `id` (already queued) on `keyname`.
+pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64) {
+    let mut keys = [keyname];
+    let privdata = Box::into_raw(Box::new(id)).cast::<c_void>();
+    let bc = unsafe {
+        api!(RedisModule_BlockClientOnKeys)(
+            ctx,
+            Some(on_key_ready),
+            Some(on_timeout),
+            Some(free_privdata),
+            timeout_ms,
+            keys.as_mut_ptr(),
+            1,
+            privdata,
+        )
+    };
+    unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect)) };
+    let key = unsafe { bytes(keyname) }.to_vec();
+    with(|r| {
+        r.records.insert(
+            id,
+            Record {
+                bc,
+                db,
+                key,
+                status: Status::Waiting,
+            },
+        )
+    });
+}
+
+/// Answers the waiters the state machine served (already dequeued).
+/// Call with no registry borrow held: unblocking re-enters `on_timeout`.
+pub fn deliver(served: Vec<Served>) {
+    for s in served {
+        let (id, status) = match s {
+            Served::Granted { id, token } => {
+                stats::bump(&stats::CONTENDED_GRANTS, 1);
+                (id, Status::Granted(token))
+            }
+            Served::Refused { id } => (id, Status::Failed(crate::commands::UPGRADE_ERR.to_string())),
+        };
+        unblock(id, status);
+    }
+}
+
+/// Ends the wait of every client queued on a key with an error.
+pub fn fail_all(db: i32, key: &[u8], error: &str) {
+    let ids: Vec<u64> = with_queue(db, key, |q| {
+        let ids: Vec<u64> = q.waiters().map(|w| w.id).collect();
+        ids.iter().for_each(|id| {
+            q.remove(*id);
+        });
+        ids
+    })
+    .unwrap_or_default();
+    for id in ids {
+        unblock(id, Status::Failed(error.to_string()));
+    }
+}
+
+fn unblock(id: u64, status: Status) {
+    let bc = with(|r| {
+        r.records.get_mut(&id).map(|rec| {
+            rec.status = status;
+            rec.bc
+        })
+    });
+    if let Some(bc) = bc {
+        // Runs on_timeout synchronously for key-blocked clients (Redis 7.0+).
+        unsafe { api!(RedisModule_UnblockClient)(bc, std::ptr::null_mut()) };
+    }
+}
+
+unsafe fn waiter_id(ctx: *mut Ctx) -> Option<u64> {
+    let p = api!(RedisModule_GetBlockedClientPrivateData)(ctx) as *const u64;
+    (!p.is_null()).then(|| *p)
+}
+
+/// A waiter left on its own (timeout, CLIENT UNBLOCK, disconnect): dequeue it,
+/// and if it was at the head let the lock serve whoever is now first.
+fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
+    let rec = with(|r| r.records.remove(&id))?;
+    if matches!(rec.status, Status::Waiting) {
+        let reserve = with_queue(rec.db, &rec.key, |q| {
+            let was_head = q.head_id() == Some(id);
+            q.remove(id);
+            was_head && !q.is_empty()
+        })
+        .unwrap_or(false);
+        if reserve {
+            crate::lease::schedule_serve(ctx, rec.db, &rec.key);
+        }
+    }
+    Some(rec.status)
+}
+
+unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_int) -> c_int {
+    crate::ffi::contained("blocked-client timeout", OK, || {
+        let Some(id) = waiter_id(ctx) else {
+            send(ctx, &Reply::Null);
+            return OK;
+        };
+        let reply = match depart(ctx, id) {
+            Some(Status::Granted(token)) => Reply::Int(token as i64),
+            Some(Status::Failed(e)) => Reply::Error(e),
+            Some(Status::Waiting) | None => {
+                stats::bump(&stats::WAIT_TIMEOUTS, 1);
+                Reply::Null
+            }
+        };
+        send(ctx, &reply);
+        OK
+    })
+}
+
+/// Redis calls this when somebody signals the key; grants never travel that way,
+/// so the waiter stays parked unless it was already answered.
+unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_int) -> c_int {
+    crate::ffi::contained("blocked-client wake", crate::ffi::ERR, || {
+        let Some(id) = waiter_id(ctx) else {
+            return crate::ffi::ERR;
+        };
+        let answered = with(|r| match r.records.get(&id).map(|rec| &rec.status) {
+            Some(Status::Granted(_)) | Some(Status::Failed(_)) => r.records.remove(&id),
+            _ => None,
+        });
+        match answered.map(|rec| rec.status) {
+            Some(Status::Granted(token)) => send(ctx, &Reply::Int(token as i64)),
+            Some(Status::Failed(e)) => send(ctx, &Reply::Error(e)),
+            _ => return crate::ffi::ERR,
+        }
+        OK
+    })
+}
+
+unsafe extern "C" fn on_disconnect(ctx: *mut Ctx, _bc: *mut RedisModuleBlockedClient) {
+    crate::ffi::contained("blocked-client disconnect", (), || {
+        if let Some(id) = waiter_id(ctx) {
+            depart(ctx, id);
+        }
+    })
+}
+
+unsafe extern "C" fn free_privdata(_ctx: *mut Ctx, privdata: *mut c_void) {
+    if !privdata.is_null() {
+        drop(Box::from_raw(privdata as *mut u64));
+    }
+}
+
+/// Whether the current call may park the client (not in MULTI, Lua, a
+/// replicated stream or AOF loading: there BLOCK is a single immediate try).
+pub fn may_block(ctx: *mut Ctx) -> bool {
+    let deny = raw::REDISMODULE_CTX_FLAGS_MULTI
+        | raw::REDISMODULE_CTX_FLAGS_LUA
+        | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING
+        | raw::REDISMODULE_CTX_FLAGS_REPLICATED
+        | raw::REDISMODULE_CTX_FLAGS_LOADING;
+    crate::ffi::ctx_flags(ctx) & deny == 0
+}

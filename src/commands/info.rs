@@ -1,0 +1,75 @@
+//! `*.INFO key`: a map describing the lock (RESP2 clients get a flat array).
+//! Read-only: holds past their deadline are shown as gone, not removed.
+
+use crate::blocking;
+use crate::ffi::{bytes, now_ms, selected_db, Ctx, Key, RStr, Reply};
+use crate::lock::{Holder, Kind};
+use crate::store::{lock_type, LockValue};
+
+use super::WRONGTYPE_ERR;
+
+pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
+    let key = Key::open(ctx, keyname, false);
+    let value = match key.module_value::<LockValue>(lock_type()) {
+        Err(()) => return Reply::err(WRONGTYPE_ERR),
+        Ok(None) => return Reply::Null,
+        Ok(Some(v)) => unsafe { &*v },
+    };
+    if value.state.kind != kind {
+        return Reply::err(WRONGTYPE_ERR);
+    }
+    let now = now_ms();
+    let live: Vec<&Holder> = value.state.holders.iter().filter(|h| h.deadline >= now).collect();
+    if live.is_empty() {
+        return Reply::Null;
+    }
+    let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
+    let waiters = blocking::queue_len(db, name) as i64;
+    let ttl = |h: &Holder| Reply::Int(h.deadline - now);
+    match kind {
+        Kind::Reentrant | Kind::Fair => {
+            let h = live[0];
+            let mut fields = vec![
+                ("kind", Reply::Bulk(kind.name().into())),
+                ("owner", Reply::Bulk(h.owner.clone())),
+                ("holds", Reply::Int(h.writes as i64)),
+                ("token", Reply::Int(h.token as i64)),
+                ("ttl", ttl(h)),
+                ("waiters", Reply::Int(waiters)),
+            ];
+            if kind == Kind::Fair {
+                let queue = blocking::with_queue(db, name, |q| {
+                    q.waiters().map(|w| Reply::Bulk(w.owner.clone())).collect()
+                });
+                fields.push(("queue", Reply::Array(queue.unwrap_or_default())));
+            }
+            Reply::Map(fields)
+        }
+        Kind::ReadWrite => {
+            let writer = live.iter().find(|h| h.writes > 0);
+            let readers = live
+                .iter()
+                .filter(|h| h.reads > 0)
+                .map(|h| {
+                    Reply::Map(vec![
+                        ("owner", Reply::Bulk(h.owner.clone())),
+                        ("holds", Reply::Int(h.reads as i64)),
+                        ("token", Reply::Int(h.token as i64)),
+                        ("ttl", ttl(h)),
+                    ])
+                })
+                .collect();
+            let latest = live.iter().map(|h| h.deadline).max().unwrap_or(now);
+            Reply::Map(vec![
+                ("kind", Reply::Bulk(kind.name().into())),
+                ("mode", Reply::Bulk(if writer.is_some() { "write" } else { "read" }.into())),
+                ("writer", writer.map_or(Reply::Null, |w| Reply::Bulk(w.owner.clone()))),
+                ("writer_holds", Reply::Int(writer.map_or(0, |w| w.writes as i64))),
+                ("writer_token", writer.map_or(Reply::Null, |w| Reply::Int(w.token as i64))),
+                ("readers", Reply::Array(readers)),
+                ("ttl", Reply::Int(latest - now)),
+                ("waiters", Reply::Int(waiters)),
+            ])
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Command handlers. Each family (RLOCK, FAIRLOCK, RWLOCK) has the same five
+//! commands; they differ only in the lock kind and, for RWLOCK, a READ|WRITE word.
+//! Handlers parse, then hand a typed `Action` to the engine.
+
+pub mod args;
+mod info;
+mod setstate;
+
+use std::os::raw::c_int;
+
+use crate::config;
+use crate::engine::{self, Action};
+use crate::ffi::{self, bytes, now_ms, Ctx, RStr, Reply};
+use crate::lock::{Kind, Mode};
+
+pub use setstate::setstate;
+
+pub const WRONGTYPE_ERR: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+pub const NOTOWNER_ERR: &str = "NOTOWNER the owner does not hold this lock";
+pub const UPGRADE_ERR: &str =
+    "ERR the owner holds READ: upgrading to WRITE would deadlock, release READ first";
+
+fn arity_error(argv: &[*mut RStr]) -> Reply {
+    let name = argv
+        .first()
+        .map(|a| String::from_utf8_lossy(unsafe { bytes(*a) }).to_lowercase())
+        .unwrap_or_default();
+    Reply::err(format!("ERR wrong number of arguments for '{name}' command"))
+}
+
+fn arg<'a>(argv: &[*mut RStr], i: usize) -> &'a [u8] {
+    unsafe { bytes(argv[i]) }
+}
+
+/// Arguments that come before the options: (mode, owner, index of first option).
+fn mode_and_owner<'a>(argv: &[*mut RStr], kind: Kind, with_mode: bool) -> Result<(Mode, &'a [u8], usize), Reply> {
+    let rw = with_mode && kind == Kind::ReadWrite;
+    let first_opt = if rw { 4 } else { 3 };
+    if argv.len() < first_opt {
+        return Err(arity_error(argv));
+    }
+    let mode = if rw { args::mode(arg(argv, 2)).map_err(Reply::err)? } else { Mode::Write };
+    let owner = args::owner(arg(argv, first_opt - 1)).map_err(Reply::err)?;
+    Ok((mode, owner, first_opt))
+}
+
+fn rest<'a>(argv: &[*mut RStr], from: usize) -> Vec<&'a [u8]> {
+    argv[from..].iter().map(|a| unsafe { bytes(*a) }).collect()
+}
+
+pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
+    let (mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    let opts = match args::options(&rest(argv, first_opt), true, now_ms()) {
+        Ok(o) => o,
+        Err(e) => return Reply::err(e),
+    };
+    let action = Action::Acquire {
+        owner,
+        mode,
+        lease_ms: opts.lease_ms.unwrap_or_else(config::default_lease_ms),
+        block: opts.block_ms,
+    };
+    engine::execute(ctx, argv[1], Some(kind), action)
+}
+
+pub fn release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
+    let (mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    if argv.len() != first_opt {
+        return arity_error(argv);
+    }
+    engine::execute(ctx, argv[1], Some(kind), Action::Release { owner, mode })
+}
+
+pub fn renew(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
+    let (_, owner, first_opt) = match mode_and_owner(argv, kind, false) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    let opts = match args::options(&rest(argv, first_opt), false, now_ms()) {
+        Ok(o) => o,
+        Err(e) => return Reply::err(e),
+    };
+    let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
+    engine::execute(ctx, argv[1], Some(kind), Action::Renew { owner, lease_ms })
+}
+
+pub fn force_release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
+    if argv.len() != 2 {
+        return arity_error(argv);
+    }
+    engine::execute(ctx, argv[1], Some(kind), Action::ForceRelease)
+}
+
+pub fn info(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
+    if argv.len() != 2 {
+        return arity_error(argv);
+    }
+    info::describe(ctx, argv[1], kind)
+}
+
+/// Runs a handler with its panics contained and writes its reply.
+pub fn run(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int, handler: fn(*mut Ctx, &[*mut RStr]) -> Reply) -> c_int {
+    let reply = ffi::contained("command", Reply::err("ERR internal error"), || {
+        let argv = unsafe { ffi::args(argv, argc) };
+        handler(ctx, argv)
+    });
+    ffi::send(ctx, &reply);
+    ffi::OK
+}

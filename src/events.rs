@@ -1,0 +1,57 @@
+//! Server events that move the lease machinery: loading done, role changed,
+//! databases flushed.
+
+use std::os::raw::c_void;
+
+use redis_module::raw::{self, RedisModuleEvent};
+
+use crate::ffi::{api, Ctx, OK};
+use crate::{blocking, lease};
+
+unsafe extern "C" fn on_role_change(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent: u64, _data: *mut c_void) {
+    crate::ffi::contained("role change", (), || {
+        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+            // Promotion: this server now expires leases and serves waiters.
+            lease::rebuild(ctx);
+        } else {
+            lease::clear(ctx);
+        }
+    })
+}
+
+unsafe extern "C" fn on_loading(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent: u64, _data: *mut c_void) {
+    crate::ffi::contained("loading", (), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
+            lease::rebuild(ctx);
+        }
+    })
+}
+
+/// After FLUSHDB/FLUSHALL the lock values are gone but their waiters are not:
+/// serve them, which hands each key to its first waiter.
+unsafe extern "C" fn on_flush(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent: u64, data: *mut c_void) {
+    crate::ffi::contained("flush", (), || {
+        if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
+            return;
+        }
+        let info = &*(data as *const raw::RedisModuleFlushInfo);
+        let db = (info.dbnum != -1).then_some(info.dbnum);
+        for (db, key) in blocking::queued_keys(db) {
+            lease::schedule_serve(ctx, db, &key);
+        }
+    })
+}
+
+pub fn subscribe(ctx: *mut Ctx) -> bool {
+    let events: [(u64, raw::RedisModuleEventCallback); 3] = [
+        (raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, Some(on_role_change)),
+        (raw::REDISMODULE_EVENT_LOADING, Some(on_loading)),
+        (raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush)),
+    ];
+    let keyspace = raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED;
+    unsafe {
+        events.into_iter().all(|(id, cb)| {
+            api!(RedisModule_SubscribeToServerEvent)(ctx, RedisModuleEvent { id, dataver: 1 }, cb) == OK
+        }) && api!(RedisModule_SubscribeToKeyspaceEvents)(ctx, keyspace, Some(crate::notify::on_keyspace_event)) == OK
+    }
+}

@@ -1,0 +1,208 @@
+//! Thin, safe-ish wrappers over the raw module API that the rest of the crate
+//! shares: strings, keys, context flags, replies, and panic containment.
+
+use std::os::raw::{c_char, c_int};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use redis_module::raw;
+pub use redis_module::raw::{RedisModuleCtx as Ctx, RedisModuleString as RStr};
+
+/// Calls a module API function; all of them are filled in before `OnLoad` returns.
+macro_rules! api {
+    ($name:ident) => {
+        redis_module::raw::$name.expect(concat!(stringify!($name), " is not available"))
+    };
+}
+pub(crate) use api;
+
+pub const OK: c_int = raw::REDISMODULE_OK as c_int;
+pub const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+
+/// Current unix time in milliseconds, as Redis sees it.
+pub fn now_ms() -> i64 {
+    unsafe { api!(RedisModule_Milliseconds)() }
+}
+
+/// # Safety
+/// `s` must be a live module string; the slice must not outlive it.
+pub unsafe fn bytes<'a>(s: *const RStr) -> &'a [u8] {
+    let mut len = 0usize;
+    let p = api!(RedisModule_StringPtrLen)(s, &mut len);
+    if p.is_null() || len == 0 {
+        return &[];
+    }
+    std::slice::from_raw_parts(p.cast::<u8>(), len)
+}
+
+/// A module string this crate created and must free.
+pub struct OwnedStr(*mut RStr);
+
+impl OwnedStr {
+    pub fn new(data: &[u8]) -> Self {
+        OwnedStr(unsafe {
+            api!(RedisModule_CreateString)(ptr::null_mut(), data.as_ptr().cast::<c_char>(), data.len())
+        })
+    }
+
+    pub fn from_i64(v: i64) -> Self {
+        Self::new(v.to_string().as_bytes())
+    }
+
+    pub fn ptr(&self) -> *mut RStr {
+        self.0
+    }
+}
+
+impl Drop for OwnedStr {
+    fn drop(&mut self) {
+        unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), self.0) }
+    }
+}
+
+pub fn ctx_flags(ctx: *mut Ctx) -> u32 {
+    unsafe { api!(RedisModule_GetContextFlags)(ctx) as u32 }
+}
+
+pub fn is_master(ctx: *mut Ctx) -> bool {
+    ctx_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_MASTER != 0
+}
+
+pub fn is_loading(ctx: *mut Ctx) -> bool {
+    ctx_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_LOADING != 0
+}
+
+pub fn selected_db(ctx: *mut Ctx) -> i32 {
+    unsafe { api!(RedisModule_GetSelectedDb)(ctx) }
+}
+
+pub fn select_db(ctx: *mut Ctx, db: i32) -> bool {
+    unsafe { api!(RedisModule_SelectDb)(ctx, db) == OK }
+}
+
+/// An open key, closed when dropped.
+pub struct Key {
+    pub raw: *mut raw::RedisModuleKey,
+}
+
+impl Key {
+    pub fn open(ctx: *mut Ctx, name: *mut RStr, write: bool) -> Key {
+        let mode = raw::REDISMODULE_READ | if write { raw::REDISMODULE_WRITE } else { 0 };
+        let raw = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode as c_int) };
+        Key { raw: raw.cast() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_null()
+            || unsafe { api!(RedisModule_KeyType)(self.raw) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int
+    }
+
+    /// The module value if the key holds one of `ty`; `Err(())` if it holds anything else.
+    pub fn module_value<T>(&self, ty: *mut raw::RedisModuleType) -> Result<Option<*mut T>, ()> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        unsafe {
+            if api!(RedisModule_KeyType)(self.raw) != raw::REDISMODULE_KEYTYPE_MODULE as c_int
+                || api!(RedisModule_ModuleTypeGetType)(self.raw) != ty
+            {
+                return Err(());
+            }
+            Ok(Some(api!(RedisModule_ModuleTypeGetValue)(self.raw).cast()))
+        }
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            unsafe { api!(RedisModule_CloseKey)(self.raw) }
+        }
+    }
+}
+
+/// A reply built by pure code and written out in one place.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    Int(i64),
+    Null,
+    Bulk(Vec<u8>),
+    Simple(&'static str),
+    Error(String),
+    Array(Vec<Reply>),
+    /// A RESP3 map; Redis flattens it to a field-value array for RESP2 clients.
+    Map(Vec<(&'static str, Reply)>),
+    /// The client was blocked; it is answered later.
+    Parked,
+}
+
+impl Reply {
+    pub fn err(msg: impl Into<String>) -> Reply {
+        Reply::Error(msg.into())
+    }
+}
+
+pub fn send(ctx: *mut Ctx, reply: &Reply) {
+    unsafe {
+        match reply {
+            Reply::Int(v) => {
+                api!(RedisModule_ReplyWithLongLong)(ctx, *v);
+            }
+            Reply::Null => {
+                api!(RedisModule_ReplyWithNull)(ctx);
+            }
+            Reply::Bulk(b) => {
+                api!(RedisModule_ReplyWithStringBuffer)(ctx, b.as_ptr().cast(), b.len());
+            }
+            Reply::Simple(s) => {
+                let c = std::ffi::CString::new(*s).unwrap_or_default();
+                api!(RedisModule_ReplyWithSimpleString)(ctx, c.as_ptr());
+            }
+            Reply::Error(e) => {
+                let c = std::ffi::CString::new(e.replace(['\r', '\n', '\0'], " ")).unwrap_or_default();
+                api!(RedisModule_ReplyWithError)(ctx, c.as_ptr());
+            }
+            Reply::Array(items) => {
+                api!(RedisModule_ReplyWithArray)(ctx, items.len() as _);
+                items.iter().for_each(|i| send(ctx, i));
+            }
+            Reply::Map(fields) => {
+                api!(RedisModule_ReplyWithMap)(ctx, fields.len() as _);
+                for (name, value) in fields {
+                    api!(RedisModule_ReplyWithStringBuffer)(ctx, name.as_ptr().cast(), name.len());
+                    send(ctx, value);
+                }
+            }
+            Reply::Parked => {}
+        }
+    }
+}
+
+/// Runs `f` with panics contained: no unwind may cross into Redis.
+pub fn contained<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            log_warning(&format!("rlock: internal error in {what}; the operation was abandoned"));
+            fallback
+        }
+    }
+}
+
+pub fn log_warning(msg: &str) {
+    let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    unsafe {
+        api!(RedisModule_Log)(ptr::null_mut(), c"warning".as_ptr(), c"%s".as_ptr(), c.as_ptr());
+    }
+}
+
+/// The argument vector of a command as a slice.
+///
+/// # Safety
+/// `argv` must point to `argc` live module strings.
+pub unsafe fn args<'a>(argv: *mut *mut RStr, argc: c_int) -> &'a [*mut RStr] {
+    if argv.is_null() || argc <= 0 {
+        return &[];
+    }
+    std::slice::from_raw_parts(argv, argc as usize)
+}

@@ -1,0 +1,179 @@
+//! Lease deadlines and the one module timer that enforces them.
+//!
+//! A min-heap holds (due, db, key) for every key with holders, due being the
+//! first millisecond at which its earliest hold is expired. A single Redis
+//! timer is armed for the heap's top, so an idle server with a million leased
+//! locks wakes only when a lease actually ends. Entries are validated lazily:
+//! the value remembers the due time of its live entry (`LockValue::armed`), and
+//! a popped entry that no longer matches is dropped.
+//!
+//! The same timer also runs deferred "serve" passes (a waiter left the head of
+//! a queue, a lock key was deleted or expired under its waiters), because those
+//! are discovered in callbacks where the keyspace must not be written.
+//!
+//! Timers act only on a master: replicas wait for the master's effects. The
+//! schedule is rebuilt from the keyspace when loading ends and on promotion.
+
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use std::os::raw::c_void;
+
+use redis_module::raw;
+
+use crate::ffi::{api, is_loading, is_master, now_ms, Ctx};
+use crate::store::LockValue;
+
+#[derive(Default)]
+struct Schedule {
+    expiries: BinaryHeap<Reverse<(i64, i32, Vec<u8>)>>,
+    serves: HashSet<(i32, Vec<u8>)>,
+    /// The armed Redis timer and the time it fires at.
+    timer: Option<(raw::RedisModuleTimerID, i64)>,
+}
+
+thread_local! {
+    static SCHEDULE: RefCell<Schedule> = RefCell::new(Schedule::default());
+}
+
+fn with<R>(f: impl FnOnce(&mut Schedule) -> R) -> R {
+    SCHEDULE.with(|s| f(&mut s.borrow_mut()))
+}
+
+fn active(ctx: *mut Ctx) -> bool {
+    is_master(ctx) && !is_loading(ctx)
+}
+
+/// Makes sure the key's earliest deadline is watched. Cheap when it already is.
+pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], value: &mut LockValue) {
+    let Some(earliest) = value.state.earliest_deadline() else {
+        return;
+    };
+    if !active(ctx) {
+        return;
+    }
+    let due = earliest.saturating_add(1);
+    if value.armed != 0 && value.armed <= due {
+        return;
+    }
+    value.armed = due;
+    with(|s| s.expiries.push(Reverse((due, db, key.to_vec()))));
+    arm(ctx);
+}
+
+/// Asks for a serve pass over a key's queue on the next turn of the event loop.
+pub fn schedule_serve(ctx: *mut Ctx, db: i32, key: &[u8]) {
+    if with(|s| s.serves.insert((db, key.to_vec()))) {
+        arm(ctx);
+    }
+}
+
+fn next_due(s: &Schedule) -> Option<i64> {
+    if !s.serves.is_empty() {
+        return Some(0);
+    }
+    s.expiries.peek().map(|Reverse((due, _, _))| *due)
+}
+
+/// (Re)arms the Redis timer for the earliest pending work.
+fn arm(ctx: *mut Ctx) {
+    let stale = with(|s| {
+        let due = next_due(s)?;
+        match s.timer {
+            Some((_, at)) if at <= due => None,
+            _ => Some((s.timer.take(), due)),
+        }
+    });
+    let Some((old, due)) = stale else { return };
+    unsafe {
+        if let Some((id, _)) = old {
+            api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut());
+        }
+        let delay = (due - now_ms()).max(0);
+        let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
+        with(|s| s.timer = Some((id, due)));
+    }
+}
+
+unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
+    crate::ffi::contained("lease timer", (), || {
+        let now = now_ms();
+        let (serves, expiries) = with(|s| {
+            s.timer = None;
+            let serves: Vec<_> = s.serves.drain().collect();
+            let mut due = Vec::new();
+            while let Some(Reverse((at, _, _))) = s.expiries.peek() {
+                if *at > now {
+                    break;
+                }
+                let Reverse(entry) = s.expiries.pop().expect("peeked");
+                due.push(entry);
+            }
+            (serves, due)
+        });
+        if active(ctx) {
+            for (db, key) in serves {
+                crate::engine::serve_queue(ctx, db, &key);
+            }
+            for (at, db, key) in expiries {
+                crate::engine::expire_due(ctx, db, &key, at);
+            }
+        }
+        arm(ctx);
+    })
+}
+
+/// Forgets every deadline and stops the timer (this server became a replica).
+pub fn clear(ctx: *mut Ctx) {
+    let old = with(std::mem::take);
+    if let Some((id, _)) = old.timer {
+        unsafe { api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut()) };
+    }
+}
+
+/// Rebuilds the schedule from every lock key in every database (after loading,
+/// on promotion). Holds that ran out meanwhile are expired on the next timer tick.
+pub fn rebuild(ctx: *mut Ctx) {
+    clear(ctx);
+    if !active(ctx) {
+        return;
+    }
+    let original_db = crate::ffi::selected_db(ctx);
+    let mut db = 0;
+    while crate::ffi::select_db(ctx, db) {
+        let mut found: Vec<(Vec<u8>, i64)> = Vec::new();
+        unsafe {
+            let cursor = api!(RedisModule_ScanCursorCreate)();
+            while api!(RedisModule_Scan)(ctx, cursor, Some(collect_lock), (&mut found as *mut Vec<_>).cast()) != 0 {}
+            api!(RedisModule_ScanCursorDestroy)(cursor);
+        }
+        with(|s| {
+            for (key, due) in found {
+                s.expiries.push(Reverse((due, db, key)));
+            }
+        });
+        db += 1;
+    }
+    crate::ffi::select_db(ctx, original_db);
+    arm(ctx);
+}
+
+unsafe extern "C" fn collect_lock(
+    _ctx: *mut Ctx,
+    keyname: *mut raw::RedisModuleString,
+    key: *mut raw::RedisModuleKey,
+    privdata: *mut c_void,
+) {
+    if key.is_null()
+        || api!(RedisModule_KeyType)(key) != raw::REDISMODULE_KEYTYPE_MODULE as i32
+        || api!(RedisModule_ModuleTypeGetType)(key) != crate::store::lock_type()
+    {
+        return;
+    }
+    let value = &mut *(api!(RedisModule_ModuleTypeGetValue)(key) as *mut LockValue);
+    if let Some(earliest) = value.state.earliest_deadline() {
+        value.armed = earliest.saturating_add(1);
+        let found = &mut *(privdata as *mut Vec<(Vec<u8>, i64)>);
+        found.push((crate::ffi::bytes(keyname).to_vec(), value.armed));
+    }
+}

@@ -1,0 +1,111 @@
+//! rlock: distributed locks as native Redis commands.
+//!
+//! This file only registers things with Redis. The lock algorithms are in
+//! `lock` (pure, no FFI); `engine` applies them to keys; `blocking`, `lease`,
+//! `store`, `notify` and `token` are the Redis-facing machinery they share.
+
+mod blocking;
+mod commands;
+mod config;
+mod engine;
+mod events;
+mod ffi;
+mod lease;
+pub mod lock;
+mod notify;
+mod stats;
+mod store;
+mod token;
+
+use std::ffi::CString;
+use std::os::raw::c_int;
+
+use redis_module::configuration::ConfigurationFlags;
+use redis_module::{redis_module, Context, RedisString, Status};
+
+use crate::ffi::{api, Ctx, RStr};
+use crate::lock::Kind;
+use crate::store::LOCK_TYPE;
+
+// Unit tests run without Redis, so they keep the system allocator.
+#[cfg(not(test))]
+type ModuleAllocator = redis_module::alloc::RedisAlloc;
+#[cfg(not(test))]
+const MODULE_ALLOCATOR: ModuleAllocator = redis_module::alloc::RedisAlloc;
+#[cfg(test)]
+type ModuleAllocator = std::alloc::System;
+#[cfg(test)]
+const MODULE_ALLOCATOR: ModuleAllocator = std::alloc::System;
+
+type Handler = unsafe extern "C" fn(*mut Ctx, *mut *mut RStr, c_int) -> c_int;
+
+macro_rules! handler {
+    ($f:path, $kind:expr) => {{
+        unsafe extern "C" fn h(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int) -> c_int {
+            commands::run(ctx, argv, argc, |c, a| $f(c, a, $kind))
+        }
+        h as Handler
+    }};
+}
+
+macro_rules! family {
+    ($prefix:literal, $kind:expr) => {
+        [
+            (concat!($prefix, ".acquire"), handler!(commands::acquire, $kind), "write deny-oom"),
+            (concat!($prefix, ".release"), handler!(commands::release, $kind), "write"),
+            (concat!($prefix, ".renew"), handler!(commands::renew, $kind), "write"),
+            (concat!($prefix, ".forcerelease"), handler!(commands::force_release, $kind), "write"),
+            (concat!($prefix, ".info"), handler!(commands::info, $kind), "readonly"),
+        ]
+    };
+}
+
+unsafe extern "C" fn setstate_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int) -> c_int {
+    commands::run(ctx, argv, argc, commands::setstate)
+}
+
+/// Every command takes its one key at position 1.
+fn register_commands(ctx: *mut Ctx) -> bool {
+    let families = [family!("rlock", Kind::Reentrant), family!("fairlock", Kind::Fair), family!("rwlock", Kind::ReadWrite)];
+    let internal = [("rlock.setstate", setstate_handler as Handler, "write deny-oom")];
+    families.iter().flatten().chain(internal.iter()).all(|(name, handler, flags)| {
+        let (name, flags) = (CString::new(*name).unwrap(), CString::new(*flags).unwrap());
+        unsafe { api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), Some(*handler), flags.as_ptr(), 1, 1, 1) == ffi::OK }
+    })
+}
+
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    if let Err(e) = config::apply_module_args(&args) {
+        ctx.log_warning(&format!("rlock: {e}"));
+        return Status::Err;
+    }
+    // Replaces the crate's default INFO callback with the `rlock` section.
+    let info = unsafe { api!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(stats::info)) } == ffi::OK;
+    if info && register_commands(ctx.ctx) && events::subscribe(ctx.ctx) {
+        Status::Ok
+    } else {
+        Status::Err
+    }
+}
+
+redis_module! {
+    name: "rlock",
+    version: 1,
+    allocator: (ModuleAllocator, MODULE_ALLOCATOR),
+    data_types: [LOCK_TYPE],
+    init: init,
+    configurations: [
+        i64: [
+            ["default-lease-ms", &config::DEFAULT_LEASE_MS, 30_000, 1, config::MAX_LEASE_MS, ConfigurationFlags::DEFAULT, None],
+        ],
+        string: [],
+        bool: [
+            ["notify-channel", &config::NOTIFY_CHANNEL, true, ConfigurationFlags::DEFAULT, None],
+            ["notify-keyspace", &config::NOTIFY_KEYSPACE, true, ConfigurationFlags::DEFAULT, None],
+        ],
+        enum: [],
+        // loadmodule arguments are validated by config::apply_module_args.
+        module_args_as_configuration: false,
+    ]
+}

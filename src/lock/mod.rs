@@ -1,0 +1,79 @@
+//! Pure lock state machines: no Redis, no FFI, no clocks. Callers pass `now`
+//! and a token source, so every transition is deterministic and unit-testable.
+//!
+//! One `LockState` serves all three families; the family (`Kind`) only changes
+//! which requests are compatible with the current holders (`LockState::admit`).
+
+mod queue;
+mod state;
+
+pub use queue::{Served, WaitQueue, Waiter};
+pub use state::{Admission, Holder, LockState, NotOwner};
+
+/// The lock family a key belongs to. Stored in the value, so a command of one
+/// family on a key of another replies WRONGTYPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Reentrant,
+    Fair,
+    ReadWrite,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Reentrant => "rlock",
+            Kind::Fair => "fairlock",
+            Kind::ReadWrite => "rwlock",
+        }
+    }
+
+    pub fn from_name(name: &[u8]) -> Option<Kind> {
+        [Kind::Reentrant, Kind::Fair, Kind::ReadWrite]
+            .into_iter()
+            .find(|k| k.name().as_bytes() == name)
+    }
+
+    pub fn code(self) -> u64 {
+        match self {
+            Kind::Reentrant => 0,
+            Kind::Fair => 1,
+            Kind::ReadWrite => 2,
+        }
+    }
+
+    pub fn from_code(code: u64) -> Option<Kind> {
+        match code {
+            0 => Some(Kind::Reentrant),
+            1 => Some(Kind::Fair),
+            2 => Some(Kind::ReadWrite),
+            _ => None,
+        }
+    }
+}
+
+/// Shared (read) or exclusive (write) access. Reentrant and fair locks only
+/// ever use `Write`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Read,
+    Write,
+}
+
+/// Why a hold ended; also the word published on the unlock channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    Released,
+    Expired,
+    Forced,
+}
+
+impl EndReason {
+    pub fn word(self) -> &'static str {
+        match self {
+            EndReason::Released => "released",
+            EndReason::Expired => "expired",
+            EndReason::Forced => "forced",
+        }
+    }
+}

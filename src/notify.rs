@@ -1,0 +1,103 @@
+//! What observers see: the unlock channel `__rlock@<db>__:<key>`, keyspace
+//! events of class `d`, and the bookkeeping when Redis itself removes a lock key
+//! (its TTL, which is the latest lease deadline, ran out; or DEL, FLUSHALL...).
+
+use std::cell::RefCell;
+use std::os::raw::{c_char, c_int, c_void};
+use std::ffi::CStr;
+
+use redis_module::raw;
+
+use crate::config;
+use crate::ffi::{api, bytes, selected_db, Ctx, OwnedStr, RStr};
+use crate::lock::{EndReason, Kind};
+use crate::stats;
+
+/// Publishes why a hold ended on the key's unlock channel.
+pub fn publish(ctx: *mut Ctx, db: i32, key: &[u8], reason: EndReason) {
+    if !config::notify_channel() {
+        return;
+    }
+    let mut channel = format!("__rlock@{db}__:").into_bytes();
+    channel.extend_from_slice(key);
+    let channel = OwnedStr::new(&channel);
+    let message = OwnedStr::new(reason.word().as_bytes());
+    unsafe { api!(RedisModule_PublishMessage)(ctx, channel.ptr(), message.ptr()) };
+}
+
+/// Fires `<family>.<event>` (e.g. `rlock.acquire`) on the key, class `d`.
+pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: &str, keyname: *mut RStr) {
+    if !config::notify_keyspace() {
+        return;
+    }
+    let name = std::ffi::CString::new(format!("{}.{event}", kind.name())).unwrap_or_default();
+    unsafe { api!(RedisModule_NotifyKeyspaceEvent)(ctx, raw::REDISMODULE_NOTIFY_MODULE, name.as_ptr(), keyname) };
+}
+
+pub fn end_event(reason: EndReason) -> &'static str {
+    match reason {
+        EndReason::Released => "release",
+        EndReason::Expired => "expire",
+        EndReason::Forced => "force",
+    }
+}
+
+/// The lock key Redis is removing right now, seen by the type's unlink hook
+/// just before the keyspace event that says why.
+struct Unlinked {
+    db: i32,
+    key: Vec<u8>,
+    kind: Kind,
+    holders: usize,
+}
+
+thread_local! {
+    static UNLINKED: RefCell<Option<Unlinked>> = const { RefCell::new(None) };
+}
+
+/// The type's unlink2 hook: remember what was there until the event arrives.
+pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
+    crate::ffi::contained("unlink hook", (), || {
+        let v = &*(value as *const crate::store::LockValue);
+        let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx)).to_vec();
+        let db = api!(RedisModule_GetDbIdFromOptCtx)(octx);
+        let record = Unlinked {
+            db,
+            key,
+            kind: v.state.kind,
+            holders: v.state.holders.len(),
+        };
+        UNLINKED.with(|u| *u.borrow_mut() = Some(record));
+    })
+}
+
+/// The engine deletes keys itself and reports that itself.
+pub fn forget_unlinked() {
+    UNLINKED.with(|u| u.borrow_mut().take());
+}
+
+/// Generic, expired and evicted keyspace events, for every key. Keys that are
+/// not locks and have no waiters cost one comparison.
+pub unsafe extern "C" fn on_keyspace_event(
+    ctx: *mut Ctx,
+    _type: c_int,
+    event: *const c_char,
+    keyname: *mut RStr,
+) -> c_int {
+    crate::ffi::contained("keyspace event", crate::ffi::OK, || {
+        let db = selected_db(ctx);
+        let key = bytes(keyname);
+        let unlinked = UNLINKED.with(|u| u.borrow_mut().take()).filter(|u| u.db == db && u.key == key);
+        if let Some(u) = unlinked {
+            if CStr::from_ptr(event).to_bytes() == b"expired" {
+                stats::bump(&stats::LEASE_EXPIRATIONS, u.holders as u64);
+                publish(ctx, db, key, EndReason::Expired);
+                keyspace(ctx, u.kind, end_event(EndReason::Expired), keyname);
+            }
+        }
+        if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
+            crate::lease::schedule_serve(ctx, db, key);
+        }
+        crate::ffi::OK
+    })
+}

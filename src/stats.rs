@@ -1,0 +1,46 @@
+//! Counters behind the `INFO rlock` section.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use std::os::raw::c_int;
+
+use redis_module::raw::RedisModuleInfoCtx;
+
+use crate::ffi::api;
+
+/// Lock values alive in the keyspace (each one has at least one holder).
+pub static LOCKS: AtomicI64 = AtomicI64::new(0);
+pub static GRANTS: AtomicU64 = AtomicU64::new(0);
+pub static CONTENDED_GRANTS: AtomicU64 = AtomicU64::new(0);
+pub static WAIT_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
+pub static LEASE_EXPIRATIONS: AtomicU64 = AtomicU64::new(0);
+pub static FORCED_RELEASES: AtomicU64 = AtomicU64::new(0);
+pub static TOKENS_ISSUED: AtomicU64 = AtomicU64::new(0);
+
+pub fn bump(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+fn get(counter: &AtomicU64) -> i64 {
+    counter.load(Ordering::Relaxed) as i64
+}
+
+pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
+    // Redis prefixes each field with the module name: `rlock_locks`, ...
+    api!(RedisModule_InfoAddSection)(ctx, std::ptr::null());
+    let fields: [(&str, i64); 9] = [
+        ("locks", LOCKS.load(Ordering::Relaxed).max(0)),
+        ("waiters", crate::blocking::parked() as i64),
+        ("grants", get(&GRANTS)),
+        ("contended_grants", get(&CONTENDED_GRANTS)),
+        ("wait_timeouts", get(&WAIT_TIMEOUTS)),
+        ("lease_expirations", get(&LEASE_EXPIRATIONS)),
+        ("forced_releases", get(&FORCED_RELEASES)),
+        ("tokens_issued", get(&TOKENS_ISSUED)),
+        ("last_token", crate::token::last() as i64),
+    ];
+    for (name, value) in fields {
+        let name = std::ffi::CString::new(name).expect("static name");
+        api!(RedisModule_InfoAddFieldLongLong)(ctx, name.as_ptr(), value);
+    }
+}

@@ -1,0 +1,244 @@
+//! The lock data type: one module type for every lock family (the family lives
+//! in the value). RDB save/load, AOF rewrite, digest, memory usage, free.
+//!
+//! Only held state is stored. Waiters are live connections and belong to
+//! `blocking`; the armed lease deadline is a cache of `lease` and is rebuilt.
+
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::Ordering;
+
+use redis_module::native_types::RedisType;
+use redis_module::raw;
+
+use crate::ffi::{api, OwnedStr};
+use crate::lock::{Holder, Kind, LockState};
+use crate::stats;
+
+/// RDB encoding version of a lock value.
+pub const ENCODING_VERSION: c_int = 1;
+
+pub struct LockValue {
+    pub state: LockState,
+    /// Due time of this key's live entry in the lease schedule (0: none).
+    pub armed: i64,
+}
+
+impl LockValue {
+    pub fn new(state: LockState) -> Self {
+        stats::LOCKS.fetch_add(1, Ordering::Relaxed);
+        LockValue { state, armed: 0 }
+    }
+}
+
+impl Drop for LockValue {
+    fn drop(&mut self) {
+        stats::LOCKS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub static LOCK_TYPE: RedisType = RedisType::new(
+    "rlock-lck",
+    ENCODING_VERSION,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: Some(aux_load),
+        aux_save: Some(aux_save),
+        aux_save_triggers: raw::REDISMODULE_AUX_BEFORE_RDB as c_int,
+        free_effort: None,
+        unlink: None,
+        copy: None,
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: Some(crate::notify::on_unlink),
+        copy2: None,
+        aux_save2: None,
+    },
+);
+
+pub fn lock_type() -> *mut raw::RedisModuleType {
+    *LOCK_TYPE.raw_type.borrow()
+}
+
+/// The command that rebuilds a key's held state on a replica or from the AOF.
+pub const SETSTATE: &std::ffi::CStr = c"RLOCK.SETSTATE";
+
+/// Arguments of `RLOCK.SETSTATE key kind n [owner reads writes token deadline]...`
+/// after the key.
+pub fn setstate_args(state: &LockState) -> Vec<OwnedStr> {
+    let mut out = Vec::with_capacity(2 + 5 * state.holders.len());
+    out.push(OwnedStr::new(state.kind.name().as_bytes()));
+    out.push(OwnedStr::from_i64(state.holders.len() as i64));
+    for h in &state.holders {
+        out.push(OwnedStr::new(&h.owner));
+        out.push(OwnedStr::from_i64(h.reads as i64));
+        out.push(OwnedStr::from_i64(h.writes as i64));
+        out.push(OwnedStr::new(h.token.to_string().as_bytes()));
+        out.push(OwnedStr::from_i64(h.deadline));
+    }
+    out
+}
+
+/// Parses what `setstate_args` wrote (after the key). Strict: anything else is an error.
+pub fn parse_setstate(args: &[&[u8]]) -> Result<LockState, &'static str> {
+    fn num<T: std::str::FromStr>(b: &[u8]) -> Result<T, &'static str> {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or("ERR invalid number in RLOCK.SETSTATE")
+    }
+    let (kind, count, rest) = match args {
+        [kind, count, rest @ ..] => (kind, count, rest),
+        _ => return Err("ERR wrong number of arguments for 'rlock.setstate' command"),
+    };
+    let kind = Kind::from_name(kind).ok_or("ERR unknown lock kind in RLOCK.SETSTATE")?;
+    let count: usize = num(count)?;
+    if rest.len() != count.saturating_mul(5) {
+        return Err("ERR wrong number of arguments for 'rlock.setstate' command");
+    }
+    let mut state = LockState::new(kind);
+    for h in rest.chunks(5) {
+        let holder = Holder {
+            owner: h[0].to_vec(),
+            reads: num(h[1])?,
+            writes: num(h[2])?,
+            token: num(h[3])?,
+            deadline: num(h[4])?,
+        };
+        if holder.owner.is_empty() || holder.reads + holder.writes == 0 {
+            return Err("ERR invalid holder in RLOCK.SETSTATE");
+        }
+        if kind != Kind::ReadWrite && (holder.reads != 0 || count > 1) {
+            return Err("ERR invalid holder in RLOCK.SETSTATE");
+        }
+        state.holders.push(holder);
+    }
+    Ok(state)
+}
+
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    let v = &*(value as *const LockValue);
+    api!(RedisModule_SaveUnsigned)(rdb, v.state.kind.code());
+    api!(RedisModule_SaveUnsigned)(rdb, v.state.holders.len() as u64);
+    for h in &v.state.holders {
+        api!(RedisModule_SaveStringBuffer)(rdb, h.owner.as_ptr().cast(), h.owner.len());
+        api!(RedisModule_SaveUnsigned)(rdb, h.reads);
+        api!(RedisModule_SaveUnsigned)(rdb, h.writes);
+        api!(RedisModule_SaveUnsigned)(rdb, h.token);
+        api!(RedisModule_SaveSigned)(rdb, h.deadline);
+    }
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    if encver != ENCODING_VERSION {
+        crate::ffi::log_warning(&format!("rlock: cannot load lock encoding version {encver}"));
+        return ptr::null_mut();
+    }
+    let Some(kind) = Kind::from_code(api!(RedisModule_LoadUnsigned)(rdb)) else {
+        return ptr::null_mut();
+    };
+    let count = api!(RedisModule_LoadUnsigned)(rdb);
+    let mut state = LockState::new(kind);
+    for _ in 0..count {
+        let mut len = 0usize;
+        let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
+        if buf.is_null() {
+            return ptr::null_mut();
+        }
+        let owner = std::slice::from_raw_parts(buf.cast::<u8>(), len).to_vec();
+        api!(RedisModule_Free)(buf.cast());
+        let holder = Holder {
+            owner,
+            reads: api!(RedisModule_LoadUnsigned)(rdb),
+            writes: api!(RedisModule_LoadUnsigned)(rdb),
+            token: api!(RedisModule_LoadUnsigned)(rdb),
+            deadline: api!(RedisModule_LoadSigned)(rdb),
+        };
+        crate::token::observe(holder.token);
+        state.holders.push(holder);
+    }
+    Box::into_raw(Box::new(LockValue::new(state))).cast()
+}
+
+unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    let v = &*(value as *const LockValue);
+    let args = setstate_args(&v.state);
+    let mut argv: Vec<*mut raw::RedisModuleString> = vec![key];
+    argv.extend(args.iter().map(|s| s.ptr()));
+    api!(RedisModule_EmitAOF)(aof, SETSTATE.as_ptr(), c"v".as_ptr(), argv.as_mut_ptr(), argv.len());
+}
+
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    let v = &*(value as *const LockValue);
+    std::mem::size_of::<LockValue>()
+        + v.state.holders.capacity() * std::mem::size_of::<Holder>()
+        + v.state.holders.iter().map(|h| h.owner.capacity()).sum::<usize>()
+}
+
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    let v = &*(value as *const LockValue);
+    api!(RedisModule_DigestAddLongLong)(md, v.state.kind.code() as i64);
+    api!(RedisModule_DigestEndSequence)(md);
+    for h in &v.state.holders {
+        api!(RedisModule_DigestAddStringBuffer)(md, h.owner.as_ptr().cast(), h.owner.len());
+        for n in [h.reads as i64, h.writes as i64, h.token as i64, h.deadline] {
+            api!(RedisModule_DigestAddLongLong)(md, n);
+        }
+        api!(RedisModule_DigestEndSequence)(md);
+    }
+}
+
+/// May run on a background thread (lazy free): touches nothing but the value.
+unsafe extern "C" fn free(value: *mut c_void) {
+    drop(Box::from_raw(value as *mut LockValue));
+}
+
+/// The token high-water mark travels in the RDB, ahead of the keys.
+unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
+    if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+        api!(RedisModule_SaveUnsigned)(rdb, crate::token::last());
+    }
+}
+
+unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
+    if encver != ENCODING_VERSION || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+        return crate::ffi::ERR;
+    }
+    crate::token::observe(api!(RedisModule_LoadUnsigned)(rdb));
+    crate::ffi::OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setstate_parse_rejects_malformed_input() {
+        let ok: Vec<&[u8]> = vec![b"rwlock", b"2", b"a", b"1", b"0", b"7", b"100", b"b", b"2", b"1", b"8", b"200"];
+        let s = parse_setstate(&ok).unwrap();
+        assert_eq!(s.holders.len(), 2);
+        assert_eq!(s.holders[1].writes, 1);
+        for bad in [
+            vec![&b"rlock"[..]],
+            vec![&b"nolock"[..], b"0"],
+            vec![&b"rlock"[..], b"1", b"a", b"0", b"1", b"7"],
+            vec![&b"rlock"[..], b"1", b"a", b"0", b"0", b"7", b"100"],
+            vec![&b"rlock"[..], b"1", b"", b"0", b"1", b"7", b"100"],
+            vec![&b"rlock"[..], b"1", b"a", b"1", b"1", b"7", b"100"],
+            vec![&b"rlock"[..], b"1", b"a", b"0", b"1", b"x", b"100"],
+        ] {
+            assert!(parse_setstate(&bad).is_err(), "{bad:?}");
+        }
+    }
+}
