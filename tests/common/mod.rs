@@ -1,0 +1,274 @@
+//! Test harness: real `redis-server` processes loading the built module, driven
+//! through the `redis` crate. Each server gets its own port and directory.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub use redis::{cmd, Connection, Value};
+
+pub fn module_path() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/librlock.so");
+    assert!(p.exists(), "{} is missing: run `cargo build --release` (make test does)", p.display());
+    p
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+pub struct Server {
+    pub port: u16,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// A server with the module loaded, no persistence.
+    pub fn start() -> Server {
+        Server::start_with(&["--save", "", "--appendonly", "no"], &[])
+    }
+
+    /// `server_args` go to redis-server, `module_args` after the module path.
+    pub fn start_with(server_args: &[&str], module_args: &[&str]) -> Server {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "srv-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut args: Vec<String> = vec!["--loadmodule".into(), module_path().display().to_string()];
+        args.extend(module_args.iter().map(|s| s.to_string()));
+        args.extend(["--enable-debug-command", "yes"].map(String::from));
+        args.extend(server_args.iter().map(|s| s.to_string()));
+        let mut server = Server {
+            port: 0,
+            dir,
+            args,
+            child: None,
+        };
+        server.spawn(free_port());
+        server
+    }
+
+    fn spawn(&mut self, port: u16) {
+        self.port = port;
+        let log = std::fs::File::create(self.dir.join("redis.log")).unwrap();
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("redis-server must be installed (make deps)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = self.try_client() {
+                if cmd("PING").query::<String>(&mut c).is_ok() {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("redis-server exited ({status}); log:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start; log:\n{}", self.log());
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+
+    fn try_client(&self) -> redis::RedisResult<Connection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?.get_connection()
+    }
+
+    pub fn client(&self) -> Connection {
+        self.try_client().expect("connect")
+    }
+
+    pub fn client_resp3(&self) -> Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}/?protocol=resp3", self.port))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// SIGKILL: nothing is saved on the way down.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops (SHUTDOWN NOSAVE, so only what was already persisted survives)
+    /// and starts again on the same port and directory.
+    pub fn restart(&mut self) {
+        let mut c = self.client();
+        let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        self.spawn(self.port);
+    }
+
+    /// Starts after a `kill` on the same port and directory.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none());
+        self.spawn(self.port);
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Makes this server a replica of `master` and waits for the first sync.
+    pub fn replicate_from(&self, master: &Server) {
+        let mut c = self.client();
+        let _: () = cmd("REPLICAOF").arg("127.0.0.1").arg(master.port).query(&mut c).unwrap();
+        wait_until(Duration::from_secs(10), || {
+            let info: String = cmd("INFO").arg("replication").query(&mut c).unwrap();
+            info.contains("master_link_status:up")
+        });
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "condition not met within {limit:?}");
+        sleep(Duration::from_millis(5));
+    }
+}
+
+/// Sends a command and returns the raw reply (errors as `Err`).
+pub fn call(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
+    let mut command = cmd(args[0]);
+    for a in &args[1..] {
+        command.arg(*a);
+    }
+    command.query(c)
+}
+
+pub fn int(c: &mut Connection, args: &[&str]) -> i64 {
+    match call(c, args) {
+        Ok(Value::Int(v)) => v,
+        other => panic!("{args:?}: expected an integer, got {other:?}"),
+    }
+}
+
+pub fn is_nil(c: &mut Connection, args: &[&str]) -> bool {
+    match call(c, args) {
+        Ok(Value::Nil) => true,
+        Ok(Value::Int(_)) => false,
+        other => panic!("{args:?}: expected integer or nil, got {other:?}"),
+    }
+}
+
+/// The error text of a command that must fail.
+pub fn error(c: &mut Connection, args: &[&str]) -> String {
+    match call(c, args) {
+        Err(e) => {
+            let code = e.code().unwrap_or("");
+            let detail = e.detail().unwrap_or("");
+            format!("{code} {detail}").trim().to_string()
+        }
+        Ok(v) => panic!("{args:?}: expected an error, got {v:?}"),
+    }
+}
+
+/// `*.INFO` as field -> value, from a RESP2 flat array or a RESP3 map.
+pub fn info_map(c: &mut Connection, args: &[&str]) -> Option<Vec<(String, Value)>> {
+    match call(c, args).unwrap() {
+        Value::Nil => None,
+        Value::Array(items) => Some(
+            items
+                .chunks(2)
+                .map(|kv| (as_string(&kv[0]), kv[1].clone()))
+                .collect(),
+        ),
+        Value::Map(items) => Some(items.into_iter().map(|(k, v)| (as_string(&k), v)).collect()),
+        other => panic!("unexpected INFO reply {other:?}"),
+    }
+}
+
+pub fn field(info: &[(String, Value)], name: &str) -> Value {
+    info.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("no field {name} in {info:?}"))
+}
+
+pub fn as_string(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        other => panic!("not a string: {other:?}"),
+    }
+}
+
+pub fn as_int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        other => panic!("not an integer: {other:?}"),
+    }
+}
+
+/// A field of `INFO rlock` (without the `rlock_` prefix).
+pub fn stat(c: &mut Connection, name: &str) -> i64 {
+    let info: String = cmd("INFO").arg("rlock").query(c).unwrap();
+    let prefix = format!("rlock_{name}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("INFO rlock has no {name}:\n{info}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Runs a blocking command on its own connection and thread.
+pub fn spawn_call(server: &Server, args: &[&str]) -> std::thread::JoinHandle<(redis::RedisResult<Value>, Duration)> {
+    let mut c = server.client();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        let r = call(&mut c, &refs);
+        (r, start.elapsed())
+    })
+}
+
+/// Waits until `n` clients are parked on the server.
+pub fn wait_parked(c: &mut Connection, n: i64) {
+    wait_until(Duration::from_secs(5), || stat(c, "waiters") == n);
+}
+
+pub fn client_id(c: &mut Connection) -> i64 {
+    cmd("CLIENT").arg("ID").query(c).unwrap()
+}

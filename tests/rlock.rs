@@ -1,0 +1,590 @@
+//! RLOCK.* against a real redis-server, one SPEC line at a time.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+
+fn unix_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn acquire_grants_a_token_and_creates_a_lock_key() {
+    let s = Server::start();
+    let mut c = s.client();
+    let before = unix_ms();
+    let token = int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    assert!(token >= before << 20, "token {token} below the clock floor");
+    let ty: String = cmd("TYPE").arg("k").query(&mut c).unwrap();
+    assert_eq!(ty, "rlock-lck");
+    assert_eq!(ty.len(), 9);
+    assert!(is_nil(&mut c, &["RLOCK.ACQUIRE", "k", "b"]), "busy lock must not be granted");
+}
+
+#[test]
+fn reentrant_acquire_keeps_token_counts_holds_and_resets_lease() {
+    let s = Server::start();
+    let mut c = s.client();
+    let t1 = int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "100000"]);
+    let t2 = int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "5000"]);
+    assert_eq!(t1, t2);
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl <= 5000 && pttl > 4000, "shorter lease must apply exactly: {pttl}");
+    // Without PX/EX the configured default (30 s) applies.
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl > 29000 && pttl <= 30000, "default lease: {pttl}");
+    let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_int(&field(&info, "holds")), 3);
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 2);
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 1);
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 1);
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 0);
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0, "key exists only while held");
+}
+
+#[test]
+fn ex_sets_the_lease_in_seconds() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "ex", "7"]);
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl > 6000 && pttl <= 7000, "{pttl}");
+}
+
+#[test]
+fn tokens_increase_across_keys_and_tenures() {
+    let s = Server::start();
+    let mut c = s.client();
+    let mut last = 0;
+    for i in 0..20 {
+        let key = format!("k{}", i % 3);
+        let t = int(&mut c, &["RLOCK.ACQUIRE", &key, "a"]);
+        assert!(t > last, "token {t} not above {last}");
+        last = t;
+        int(&mut c, &["RLOCK.RELEASE", &key, "a"]);
+    }
+    assert_eq!(stat(&mut c, "tokens_issued"), 20);
+}
+
+#[test]
+fn release_by_non_owner_is_notowner_and_changes_nothing() {
+    let s = Server::start();
+    let mut c = s.client();
+    assert!(error(&mut c, &["RLOCK.RELEASE", "missing", "a"]).starts_with("NOTOWNER"));
+    let t = int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    assert!(error(&mut c, &["RLOCK.RELEASE", "k", "b"]).starts_with("NOTOWNER"));
+    assert!(error(&mut c, &["RLOCK.RENEW", "k", "b"]).starts_with("NOTOWNER"));
+    assert!(error(&mut c, &["RLOCK.RENEW", "missing", "b"]).starts_with("NOTOWNER"));
+    let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "a");
+    assert_eq!(as_int(&field(&info, "token")), t);
+    assert_eq!(as_int(&field(&info, "holds")), 1);
+}
+
+#[test]
+fn any_connection_may_release_for_an_owner() {
+    let s = Server::start();
+    let (mut c1, mut c2) = (s.client(), s.client());
+    int(&mut c1, &["RLOCK.ACQUIRE", "k", "owner-1"]);
+    assert_eq!(int(&mut c2, &["RLOCK.RELEASE", "k", "owner-1"]), 0);
+}
+
+#[test]
+fn renew_resets_the_lease() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "1000"]);
+    assert_eq!(int(&mut c, &["RLOCK.RENEW", "k", "a", "PX", "60000"]), 1);
+    assert!(int(&mut c, &["PTTL", "k"]) > 59000);
+    assert_eq!(int(&mut c, &["RLOCK.RENEW", "k", "a", "EX", "2"]), 1);
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl <= 2000 && pttl > 1000, "renew may shorten: {pttl}");
+    assert_eq!(int(&mut c, &["RLOCK.RENEW", "k", "a"]), 1);
+    assert!(int(&mut c, &["PTTL", "k"]) > 29000, "default lease on renew");
+    assert!(error(&mut c, &["RLOCK.RENEW", "k", "a", "BLOCK", "1"]).contains("syntax"));
+}
+
+#[test]
+fn renewed_lock_outlives_its_first_lease() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "300"]);
+    for _ in 0..5 {
+        sleep(Duration::from_millis(150));
+        assert_eq!(int(&mut c, &["RLOCK.RENEW", "k", "a", "PX", "300"]), 1);
+    }
+    assert!(info_map(&mut c, &["RLOCK.INFO", "k"]).is_some());
+}
+
+#[test]
+fn force_release_ends_any_hold() {
+    let s = Server::start();
+    let mut c = s.client();
+    assert_eq!(int(&mut c, &["RLOCK.FORCERELEASE", "k"]), 0);
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    assert_eq!(int(&mut c, &["RLOCK.FORCERELEASE", "k"]), 1);
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+    assert_eq!(int(&mut c, &["RLOCK.FORCERELEASE", "k"]), 0);
+    assert_eq!(stat(&mut c, "forced_releases"), 1);
+    assert!(error(&mut c, &["RLOCK.RELEASE", "k", "a"]).starts_with("NOTOWNER"));
+}
+
+#[test]
+fn info_describes_the_lock_in_resp2_and_resp3() {
+    let s = Server::start();
+    let mut c = s.client();
+    assert!(info_map(&mut c, &["RLOCK.INFO", "k"]).is_none());
+    let t = int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "10000"]);
+    for (mut conn, resp3) in [(s.client(), false), (s.client_resp3(), true)] {
+        let raw = call(&mut conn, &["RLOCK.INFO", "k"]).unwrap();
+        match (&raw, resp3) {
+            (Value::Map(_), true) | (Value::Array(_), false) => {}
+            other => panic!("wrong shape for protocol: {other:?}"),
+        }
+        let info = info_map(&mut conn, &["RLOCK.INFO", "k"]).unwrap();
+        assert_eq!(as_string(&field(&info, "kind")), "rlock");
+        assert_eq!(as_string(&field(&info, "owner")), "a");
+        assert_eq!(as_int(&field(&info, "holds")), 1);
+        assert_eq!(as_int(&field(&info, "token")), t);
+        let ttl = as_int(&field(&info, "ttl"));
+        assert!(ttl > 9000 && ttl <= 10000, "{ttl}");
+        assert_eq!(as_int(&field(&info, "waiters")), 0);
+    }
+}
+
+#[test]
+fn binary_owners_round_trip() {
+    let s = Server::start();
+    let mut c = s.client();
+    let owner: &[u8] = b"\x00\xffuuid:1\r\n";
+    let t: i64 = cmd("RLOCK.ACQUIRE").arg("k").arg(owner).query(&mut c).unwrap();
+    let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
+    assert_eq!(field(&info, "owner"), Value::BulkString(owner.to_vec()));
+    let again: i64 = cmd("RLOCK.ACQUIRE").arg("k").arg(owner).query(&mut c).unwrap();
+    assert_eq!(t, again);
+    let left: i64 = cmd("RLOCK.RELEASE").arg("k").arg(owner).query(&mut c).unwrap();
+    assert_eq!(left, 1);
+}
+
+#[test]
+fn lease_expiry_ends_the_hold_and_notifies() {
+    let s = Server::start();
+    let mut c = s.client();
+    let mut sub = s.client();
+    sub.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.subscribe("__rlock@0__:k").unwrap();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "150"]);
+    let msg = pubsub.get_message().expect("expiry must be published");
+    assert_eq!(msg.get_payload::<String>().unwrap(), "expired");
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+    assert!(info_map(&mut c, &["RLOCK.INFO", "k"]).is_none());
+    assert!(error(&mut c, &["RLOCK.RELEASE", "k", "a"]).starts_with("NOTOWNER"));
+    assert_eq!(stat(&mut c, "lease_expirations"), 1);
+    assert_eq!(stat(&mut c, "locks"), 0);
+}
+
+#[test]
+fn waiter_is_served_at_once_on_release() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let waiter = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "10000"]);
+    wait_parked(&mut c, 1);
+    sleep(Duration::from_millis(200));
+    let released = Instant::now();
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 0);
+    let (reply, _) = waiter.join().unwrap();
+    let served_after = released.elapsed();
+    let token = match reply.unwrap() {
+        Value::Int(t) => t,
+        other => panic!("waiter got {other:?}"),
+    };
+    assert!(served_after < Duration::from_millis(500), "handoff took {served_after:?}");
+    let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "b");
+    assert_eq!(as_int(&field(&info, "token")), token);
+    assert_eq!(stat(&mut c, "contended_grants"), 1);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+}
+
+#[test]
+fn waiter_is_served_within_a_few_ms_of_the_lease_deadline() {
+    let s = Server::start();
+    let mut c = s.client();
+    let mut worst = Duration::ZERO;
+    for round in 0..5 {
+        let key = format!("k{round}");
+        int(&mut c, &["RLOCK.ACQUIRE", &key, "gone", "PX", "300"]);
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let waiter = spawn_call(&s, &["RLOCK.ACQUIRE", &key, "next", "BLOCK", "5000"]);
+        let (reply, _) = waiter.join().unwrap();
+        assert!(matches!(reply.unwrap(), Value::Int(_)));
+        let now = Instant::now();
+        assert!(now + Duration::from_millis(5) >= deadline, "granted before the lease ended");
+        worst = worst.max(now.saturating_duration_since(deadline));
+    }
+    // A few ms on an idle server; the bound is generous for a loaded CI box.
+    assert!(worst < Duration::from_millis(100), "worst handoff after deadline: {worst:?}");
+}
+
+#[test]
+fn block_times_out_with_nil_and_leaves_the_queue() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let (reply, took) = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "200"]).join().unwrap();
+    assert_eq!(reply.unwrap(), Value::Nil);
+    assert!(took >= Duration::from_millis(190) && took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    assert_eq!(stat(&mut c, "wait_timeouts"), 1);
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 0);
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0, "the departed waiter must not get the lock");
+}
+
+#[test]
+fn block_zero_waits_indefinitely() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let waiter = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    sleep(Duration::from_millis(700));
+    assert!(!waiter.is_finished(), "BLOCK 0 must not time out");
+    int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    assert!(matches!(waiter.join().unwrap().0.unwrap(), Value::Int(_)));
+}
+
+#[test]
+fn disconnected_waiter_is_never_granted() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let mut w = s.client();
+    let id = client_id(&mut w);
+    w.send_packed_command(&cmd("RLOCK.ACQUIRE").arg("k").arg("gone").arg("BLOCK").arg(0).get_packed_command())
+        .unwrap();
+    wait_parked(&mut c, 1);
+    let killed: i64 = cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(&mut c).unwrap();
+    assert_eq!(killed, 1);
+    wait_parked(&mut c, 0);
+    let next = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "next", "BLOCK", "5000"]);
+    wait_parked(&mut c, 1);
+    int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    assert!(matches!(next.join().unwrap().0.unwrap(), Value::Int(_)));
+    let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "next");
+}
+
+#[test]
+fn dropped_connection_leaves_the_queue() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    {
+        let mut w = s.client();
+        w.send_packed_command(&cmd("RLOCK.ACQUIRE").arg("k").arg("gone").arg("BLOCK").arg(0).get_packed_command())
+            .unwrap();
+        wait_parked(&mut c, 1);
+    }
+    wait_parked(&mut c, 0);
+    int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+}
+
+#[test]
+fn client_unblock_answers_nil_or_error_and_dequeues() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    for (extra, expect_error) in [(None, false), (Some("ERROR"), true)] {
+        let mut w = s.client();
+        let id = client_id(&mut w);
+        let waiter = std::thread::spawn(move || call(&mut w, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "0"]));
+        wait_parked(&mut c, 1);
+        let mut unblock = cmd("CLIENT");
+        unblock.arg("UNBLOCK").arg(id);
+        if let Some(e) = extra {
+            unblock.arg(e);
+        }
+        let n: i64 = unblock.query(&mut c).unwrap();
+        assert_eq!(n, 1);
+        let reply = waiter.join().unwrap();
+        if expect_error {
+            assert!(reply.is_err(), "{reply:?}");
+        } else {
+            assert_eq!(reply.unwrap(), Value::Nil);
+        }
+        assert_eq!(stat(&mut c, "waiters"), 0);
+    }
+    int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+}
+
+#[test]
+fn one_release_wakes_exactly_one_waiter() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", "10000"]);
+    wait_parked(&mut c, 1);
+    let w2 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "10000"]);
+    wait_parked(&mut c, 2);
+    int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    let t1 = match w1.join().unwrap().0.unwrap() {
+        Value::Int(t) => t,
+        other => panic!("{other:?}"),
+    };
+    sleep(Duration::from_millis(300));
+    assert!(!w2.is_finished(), "second waiter was woken by the same release");
+    assert_eq!(stat(&mut c, "waiters"), 1);
+    int(&mut c, &["RLOCK.RELEASE", "k", "w1"]);
+    let t2 = as_int(&w2.join().unwrap().0.unwrap());
+    assert!(t2 > t1);
+}
+
+#[test]
+fn force_release_serves_the_next_waiter() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "10000"]);
+    wait_parked(&mut c, 1);
+    assert_eq!(int(&mut c, &["RLOCK.FORCERELEASE", "k"]), 1);
+    assert!(matches!(w.join().unwrap().0.unwrap(), Value::Int(_)));
+}
+
+#[test]
+fn block_in_multi_and_lua_is_a_single_try() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let start = Instant::now();
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg("b")
+        .arg("BLOCK")
+        .arg(0)
+        .cmd("RLOCK.ACQUIRE")
+        .arg("free")
+        .arg("b")
+        .arg("BLOCK")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(replies[0], Value::Nil);
+    assert!(matches!(replies[1], Value::Int(_)));
+    let lua: Value = cmd("EVAL")
+        .arg("return redis.call('RLOCK.ACQUIRE', KEYS[1], 'b', 'BLOCK', '0')")
+        .arg(1)
+        .arg("k")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(lua, Value::Nil);
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_eq!(stat(&mut c, "waiters"), 0);
+}
+
+#[test]
+fn malformed_calls_get_errors_and_change_nothing() {
+    let s = Server::start();
+    let mut c = s.client();
+    let t = int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "60000"]);
+    let _: () = cmd("SET").arg("str").arg("v").query(&mut c).unwrap();
+    int(&mut c, &["FAIRLOCK.ACQUIRE", "fair", "a"]);
+    let digest: String = cmd("DEBUG").arg("DIGEST").query(&mut c).unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["RLOCK.ACQUIRE", "k"], "ERR wrong number of arguments for 'rlock.acquire' command"),
+        (&["RLOCK.RELEASE", "k"], "ERR wrong number of arguments for 'rlock.release' command"),
+        (&["RLOCK.RELEASE", "k", "a", "x"], "ERR wrong number of arguments"),
+        (&["RLOCK.RENEW", "k"], "ERR wrong number of arguments"),
+        (&["RLOCK.FORCERELEASE"], "ERR wrong number of arguments"),
+        (&["RLOCK.FORCERELEASE", "k", "x"], "ERR wrong number of arguments"),
+        (&["RLOCK.INFO"], "ERR wrong number of arguments"),
+        (&["RLOCK.INFO", "k", "x"], "ERR wrong number of arguments"),
+        (&["RLOCK.ACQUIRE", "k", "a", "NX", "1"], "ERR syntax error"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX"], "ERR syntax error"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX", "1", "PX", "2"], "ERR syntax error"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX", "1", "EX", "2"], "ERR syntax error"),
+        (&["RLOCK.ACQUIRE", "k", "a", "BLOCK", "1", "block", "2"], "ERR syntax error"),
+        (&["RLOCK.RENEW", "k", "a", "EX", "1", "EX", "1"], "ERR syntax error"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX", "0"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX", "-5"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX", "12abc"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX", "9223372036854775807"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", "a", "EX", "9223372036854775"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", "a", "PX", "99999999999999999999999"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", "a", "BLOCK", "-1"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", "a", "BLOCK", "x"], "not an integer or out of range"),
+        (&["RLOCK.RENEW", "k", "a", "PX", "0"], "not an integer or out of range"),
+        (&["RLOCK.ACQUIRE", "k", ""], "ERR owner"),
+        (&["RLOCK.RELEASE", "k", ""], "ERR owner"),
+        (&["RLOCK.RENEW", "k", ""], "ERR owner"),
+        (&["RLOCK.ACQUIRE", "str", "a"], "WRONGTYPE"),
+        (&["RLOCK.RELEASE", "str", "a"], "WRONGTYPE"),
+        (&["RLOCK.RENEW", "str", "a"], "WRONGTYPE"),
+        (&["RLOCK.FORCERELEASE", "str"], "WRONGTYPE"),
+        (&["RLOCK.INFO", "str"], "WRONGTYPE"),
+        (&["RLOCK.ACQUIRE", "fair", "a"], "WRONGTYPE"),
+        (&["RLOCK.FORCERELEASE", "fair"], "WRONGTYPE"),
+        (&["RLOCK.INFO", "fair"], "WRONGTYPE"),
+        (&["FAIRLOCK.ACQUIRE", "k", "a"], "WRONGTYPE"),
+        (&["RWLOCK.INFO", "k"], "WRONGTYPE"),
+        (&["GET", "k"], "WRONGTYPE"),
+        (&["RLOCK.SETSTATE", "k", "rlock", "0"], "ERR RLOCK.SETSTATE is internal"),
+    ];
+    for (args, expected) in cases {
+        let e = error(&mut c, args);
+        assert!(e.starts_with(expected) || e.contains(expected), "{args:?}: got '{e}', want '{expected}'");
+    }
+    let after: String = cmd("DEBUG").arg("DIGEST").query(&mut c).unwrap();
+    assert_eq!(digest, after, "a rejected call changed the dataset");
+    assert_eq!(as_int(&field(&info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap(), "token")), t);
+    let up: String = cmd("PING").query(&mut c).unwrap();
+    assert_eq!(up, "PONG");
+}
+
+#[test]
+fn keyspace_events_and_channel_follow_configuration() {
+    let s = Server::start();
+    let mut c = s.client();
+    let _: () = cmd("CONFIG").arg("SET").arg("notify-keyspace-events").arg("Kd").query(&mut c).unwrap();
+    let mut sub = s.client();
+    sub.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.subscribe("__keyspace@0__:k").unwrap();
+    ps.subscribe("__rlock@0__:k").unwrap();
+    let mut next = || {
+        let m = ps.get_message().unwrap();
+        (m.get_channel_name().to_string(), m.get_payload::<String>().unwrap())
+    };
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    assert_eq!(next(), ("__keyspace@0__:k".into(), "rlock.acquire".into()));
+    int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    let mut got = vec![next(), next()];
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("__keyspace@0__:k".into(), "rlock.release".into()), ("__rlock@0__:k".into(), "released".into())]
+    );
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    assert_eq!(next().1, "rlock.acquire");
+    int(&mut c, &["RLOCK.FORCERELEASE", "k"]);
+    let mut got = vec![next(), next()];
+    got.sort();
+    assert_eq!(got[0], ("__keyspace@0__:k".into(), "rlock.force".into()));
+    assert_eq!(got[1], ("__rlock@0__:k".into(), "forced".into()));
+
+    // Both switches off: nothing more arrives, then a marker proves the subscriber is alive.
+    let _: () = cmd("CONFIG").arg("SET").arg("rlock.notify-channel").arg("no").query(&mut c).unwrap();
+    let _: () = cmd("CONFIG").arg("SET").arg("rlock.notify-keyspace").arg("no").query(&mut c).unwrap();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    let _: i64 = cmd("PUBLISH").arg("__rlock@0__:k").arg("marker").query(&mut c).unwrap();
+    assert_eq!(next(), ("__rlock@0__:k".into(), "marker".into()));
+}
+
+#[test]
+fn default_lease_is_configurable() {
+    let s = Server::start_with(&["--save", "", "--appendonly", "no"], &["default-lease-ms", "4000"]);
+    let mut c = s.client();
+    let cfg: Vec<String> = cmd("CONFIG").arg("GET").arg("rlock.default-lease-ms").query(&mut c).unwrap();
+    assert_eq!(cfg, vec!["rlock.default-lease-ms", "4000"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl <= 4000 && pttl > 3000, "{pttl}");
+    let _: () = cmd("CONFIG").arg("SET").arg("rlock.default-lease-ms").arg("9000").query(&mut c).unwrap();
+    assert_eq!(int(&mut c, &["RLOCK.RENEW", "k", "a"]), 1);
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl <= 9000 && pttl > 8000, "{pttl}");
+    assert!(call(&mut c, &["CONFIG", "SET", "rlock.default-lease-ms", "0"]).is_err());
+    assert!(call(&mut c, &["CONFIG", "SET", "rlock.notify-channel", "maybe"]).is_err());
+}
+
+#[test]
+fn bad_module_arguments_refuse_the_load() {
+    let dir = std::env::temp_dir().join(format!("rlock-badargs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = std::process::Command::new("redis-server")
+        .arg("--port")
+        .arg(free_port().to_string())
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--loadmodule")
+        .arg(module_path())
+        .arg("default-lease-ms")
+        .arg("zero")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "redis-server must refuse a module it could not load");
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(log.contains("default-lease-ms must be an integer"), "{log}");
+}
+
+#[test]
+fn info_section_counts_activity() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "a", "x"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "a", "x"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "b", "x"]);
+    assert_eq!(stat(&mut c, "locks"), 2);
+    assert_eq!(stat(&mut c, "grants"), 3);
+    assert_eq!(stat(&mut c, "tokens_issued"), 2);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "b", "y", "BLOCK", "5000"]);
+    wait_parked(&mut c, 1);
+    int(&mut c, &["RLOCK.RELEASE", "b", "x"]);
+    w.join().unwrap().0.unwrap();
+    assert_eq!(stat(&mut c, "contended_grants"), 1);
+    assert_eq!(stat(&mut c, "grants"), 4);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    int(&mut c, &["RLOCK.FORCERELEASE", "a"]);
+    assert_eq!(stat(&mut c, "forced_releases"), 1);
+    assert_eq!(stat(&mut c, "locks"), 1);
+}
+
+#[test]
+fn command_getkeys_names_the_key() {
+    let s = Server::start();
+    let mut c = s.client();
+    for args in [
+        &["RLOCK.ACQUIRE", "k1", "a", "PX", "10", "BLOCK", "0"][..],
+        &["RLOCK.RELEASE", "k1", "a"],
+        &["RLOCK.RENEW", "k1", "a"],
+        &["RLOCK.FORCERELEASE", "k1"],
+        &["RLOCK.INFO", "k1"],
+        &["FAIRLOCK.ACQUIRE", "k1", "a"],
+        &["RWLOCK.ACQUIRE", "k1", "READ", "a"],
+        &["RWLOCK.RELEASE", "k1", "WRITE", "a"],
+    ] {
+        let mut getkeys = cmd("COMMAND");
+        getkeys.arg("GETKEYS");
+        for a in args {
+            getkeys.arg(*a);
+        }
+        let keys: Vec<String> = getkeys.query(&mut c).unwrap();
+        assert_eq!(keys, vec!["k1"], "{args:?}");
+    }
+}
+
+#[test]
+fn locks_live_in_their_database() {
+    let s = Server::start();
+    let mut c = s.client();
+    let _: () = cmd("SELECT").arg(3).query(&mut c).unwrap();
+    let mut sub = s.client();
+    sub.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.subscribe("__rlock@3__:k").unwrap();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "100"]);
+    assert_eq!(ps.get_message().unwrap().get_payload::<String>().unwrap(), "expired");
+    let mut db0 = s.client();
+    assert_eq!(int(&mut db0, &["EXISTS", "k"]), 0);
+}
