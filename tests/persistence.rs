@@ -1,0 +1,154 @@
+//! RDB, AOF and AOF rewrite give back the same lock state; holds whose lease
+//! ran out while the server was down are gone; tokens never repeat.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::*;
+
+fn digest(c: &mut Connection) -> String {
+    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
+}
+
+/// A mix of lock kinds and holders, with distinct deadlines and tokens.
+fn populate(c: &mut Connection) -> Vec<i64> {
+    vec![
+        int(c, &["RLOCK.ACQUIRE", "r", "a", "PX", "600000"]),
+        int(c, &["RLOCK.ACQUIRE", "r", "a", "PX", "500000"]),
+        int(c, &["RLOCK.ACQUIRE", "{tag}r\x00bin", "owner\r\n", "EX", "700"]),
+        int(c, &["FAIRLOCK.ACQUIRE", "f", "x", "PX", "400000"]),
+        int(c, &["RWLOCK.ACQUIRE", "rw", "READ", "r1", "PX", "300000"]),
+        int(c, &["RWLOCK.ACQUIRE", "rw", "READ", "r2", "PX", "200000"]),
+        int(c, &["RWLOCK.ACQUIRE", "rw", "READ", "r2", "PX", "250000"]),
+    ]
+}
+
+fn assert_state(c: &mut Connection, tokens: &[i64]) {
+    let info = info_map(c, &["RLOCK.INFO", "r"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "a");
+    assert_eq!(as_int(&field(&info, "holds")), 2);
+    assert_eq!(as_int(&field(&info, "token")), tokens[0]);
+    let info = info_map(c, &["FAIRLOCK.INFO", "f"]).unwrap();
+    assert_eq!(as_int(&field(&info, "token")), tokens[3]);
+    let info = info_map(c, &["RWLOCK.INFO", "rw"]).unwrap();
+    match field(&info, "readers") {
+        Value::Array(readers) => assert_eq!(readers.len(), 2),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn debug_reload_gives_back_the_same_state() {
+    let s = Server::start();
+    let mut c = s.client();
+    let tokens = populate(&mut c);
+    let before = digest(&mut c);
+    let _: () = cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(digest(&mut c), before);
+    assert_state(&mut c, &tokens);
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "r", "a"]), 1);
+    let t = int(&mut c, &["RLOCK.ACQUIRE", "new", "z"]);
+    assert!(t > *tokens.iter().max().unwrap());
+}
+
+#[test]
+fn rdb_save_and_restart_give_back_the_same_state() {
+    let mut s = Server::start_with(&["--save", "", "--appendonly", "no"], &[]);
+    let mut c = s.client();
+    let tokens = populate(&mut c);
+    let before = digest(&mut c);
+    let _: () = cmd("SAVE").query(&mut c).unwrap();
+    s.restart();
+    let mut c = s.client();
+    assert_eq!(digest(&mut c), before);
+    assert_state(&mut c, &tokens);
+}
+
+fn aof_roundtrip(preamble: &str, rewrite: bool) {
+    let mut s = Server::start_with(
+        &["--save", "", "--appendonly", "yes", "--appendfsync", "always", "--aof-use-rdb-preamble", preamble],
+        &[],
+    );
+    let mut c = s.client();
+    let tokens = populate(&mut c);
+    // Changes after the first writes, so the AOF holds a history, not one state.
+    int(&mut c, &["RLOCK.ACQUIRE", "gone", "g"]);
+    int(&mut c, &["RLOCK.RELEASE", "gone", "g"]);
+    int(&mut c, &["RWLOCK.RENEW", "rw", "r1", "PX", "350000"]);
+    if rewrite {
+        let _: String = cmd("BGREWRITEAOF").query(&mut c).unwrap();
+        wait_until(Duration::from_secs(10), || {
+            let info: String = cmd("INFO").arg("persistence").query(&mut c).unwrap();
+            info.contains("aof_rewrite_in_progress:0") && info.contains("aof_rewrite_scheduled:0")
+        });
+    }
+    let before = digest(&mut c);
+    s.restart();
+    let mut c = s.client();
+    assert_eq!(digest(&mut c), before, "preamble={preamble} rewrite={rewrite}");
+    assert_state(&mut c, &tokens);
+    assert_eq!(int(&mut c, &["EXISTS", "gone"]), 0);
+    let t = int(&mut c, &["RLOCK.ACQUIRE", "after", "z"]);
+    assert!(t > *tokens.iter().max().unwrap());
+}
+
+#[test]
+fn aof_replay_gives_back_the_same_state() {
+    aof_roundtrip("no", false);
+}
+
+#[test]
+fn aof_rewrite_with_commands_gives_back_the_same_state() {
+    aof_roundtrip("no", true);
+}
+
+#[test]
+fn aof_rewrite_with_rdb_preamble_gives_back_the_same_state() {
+    aof_roundtrip("yes", true);
+}
+
+#[test]
+fn holds_that_expired_while_down_are_dropped() {
+    let mut s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "short", "a", "PX", "300"]);
+    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "brief", "PX", "300"]);
+    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "stays", "PX", "600000"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "long", "b", "PX", "600000"]);
+    let _: () = cmd("SAVE").query(&mut c).unwrap();
+    let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
+    s.kill();
+    sleep(Duration::from_millis(500));
+    s.start_again();
+    let mut c = s.client();
+    wait_until(Duration::from_secs(2), || int(&mut c, &["EXISTS", "short"]) == 0);
+    assert!(info_map(&mut c, &["RLOCK.INFO", "short"]).is_none());
+    assert!(info_map(&mut c, &["RLOCK.INFO", "long"]).is_some());
+    // The expired reader is removed from the stored value, not just hidden.
+    wait_until(Duration::from_secs(2), || stat(&mut c, "lease_expirations") >= 1);
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw"]).unwrap();
+    match field(&info, "readers") {
+        Value::Array(r) => assert_eq!(r.len(), 1),
+        other => panic!("{other:?}"),
+    }
+    assert!(error(&mut c, &["RWLOCK.RELEASE", "rw", "READ", "brief"]).starts_with("NOTOWNER"));
+}
+
+#[test]
+fn tokens_never_repeat_after_a_crash_with_nothing_persisted() {
+    let mut s = Server::start();
+    let mut c = s.client();
+    let mut last = 0;
+    for _ in 0..1000 {
+        last = int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+        int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
+    }
+    s.kill();
+    s.start_again();
+    let mut c = s.client();
+    assert_eq!(int(&mut c, &["DBSIZE"]), 0, "nothing was persisted");
+    let next = int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    assert!(next > last, "token {next} repeats or goes below {last}");
+}

@@ -1,0 +1,127 @@
+//! A live replica holds exactly the master's lock state and decides nothing on
+//! its own; after promotion it expires leases and serves waiters itself.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::*;
+
+fn digest(c: &mut Connection) -> String {
+    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
+}
+
+fn wait_replicated(master: &mut Connection) {
+    let acked: i64 = cmd("WAIT").arg(1).arg(2000).query(master).unwrap();
+    assert_eq!(acked, 1, "replica did not acknowledge");
+}
+
+#[test]
+fn replica_mirrors_holders_tokens_and_deadlines() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+
+    let t = int(&mut m, &["RLOCK.ACQUIRE", "k", "a", "PX", "60000"]);
+    int(&mut m, &["RLOCK.ACQUIRE", "k", "a", "PX", "50000"]);
+    wait_replicated(&mut m);
+    let info = info_map(&mut r, &["RLOCK.INFO", "k"]).expect("replica has the lock");
+    assert_eq!(as_string(&field(&info, "owner")), "a");
+    assert_eq!(as_int(&field(&info, "holds")), 2);
+    assert_eq!(as_int(&field(&info, "token")), t);
+    let (pm, pr) = (int(&mut m, &["PTTL", "k"]), int(&mut r, &["PTTL", "k"]));
+    assert!((pm - pr).abs() < 200, "deadlines differ: master {pm} replica {pr}");
+    assert_eq!(digest(&mut m), digest(&mut r), "datasets differ");
+
+    // A waiter served on the master: the replica sees the new owner and token.
+    let w = spawn_call(&master, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "5000", "PX", "40000"]);
+    wait_parked(&mut m, 1);
+    int(&mut m, &["RLOCK.RELEASE", "k", "a"]);
+    int(&mut m, &["RLOCK.RELEASE", "k", "a"]);
+    let tb = as_int(&w.join().unwrap().0.unwrap());
+    wait_replicated(&mut m);
+    let info = info_map(&mut r, &["RLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "b");
+    assert_eq!(as_int(&field(&info, "token")), tb);
+    assert_eq!(digest(&mut m), digest(&mut r));
+
+    int(&mut m, &["RLOCK.RELEASE", "k", "b"]);
+    wait_replicated(&mut m);
+    assert_eq!(int(&mut r, &["EXISTS", "k"]), 0);
+    assert_eq!(digest(&mut m), digest(&mut r));
+
+    // Lock commands are writes: a replica refuses them, INFO is allowed.
+    assert!(error(&mut r, &["RLOCK.ACQUIRE", "k", "x"]).starts_with("READONLY"));
+    assert!(info_map(&mut r, &["RLOCK.INFO", "k"]).is_none());
+}
+
+#[test]
+fn replica_follows_lease_expiry_from_the_master() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    int(&mut m, &["RLOCK.ACQUIRE", "k", "a", "PX", "200"]);
+    wait_replicated(&mut m);
+    assert_eq!(int(&mut r, &["EXISTS", "k"]), 1);
+    wait_until(Duration::from_secs(3), || int(&mut r, &["DBSIZE"]) == 0);
+    assert_eq!(digest(&mut m), digest(&mut r));
+}
+
+#[test]
+fn replica_never_expires_or_grants_on_its_own_until_promoted() {
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    let t_old = int(&mut m, &["RLOCK.ACQUIRE", "short", "a", "PX", "300"]);
+    int(&mut m, &["RLOCK.ACQUIRE", "long", "b", "PX", "60000"]);
+    wait_replicated(&mut m);
+    master.kill();
+
+    sleep(Duration::from_millis(600));
+    // The lease is over, but only a master decides that: the key is still there.
+    assert_eq!(int(&mut r, &["DBSIZE"]), 2);
+    assert_eq!(stat(&mut r, "lease_expirations"), 0);
+
+    let mut sub = replica.client();
+    sub.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.subscribe("__rlock@0__:short").unwrap();
+    let _: () = cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
+    assert_eq!(ps.get_message().unwrap().get_payload::<String>().unwrap(), "expired");
+    assert_eq!(int(&mut r, &["EXISTS", "short"]), 0);
+    assert_eq!(stat(&mut r, "lease_expirations"), 1);
+
+    // The promoted master keeps the unexpired hold, expires leases on time and serves waiters.
+    let info = info_map(&mut r, &["RLOCK.INFO", "long"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "b");
+    int(&mut r, &["RLOCK.RENEW", "long", "b", "PX", "300"]);
+    let w = spawn_call(&replica, &["RLOCK.ACQUIRE", "long", "c", "BLOCK", "5000"]);
+    let (reply, took) = w.join().unwrap();
+    let t_new = as_int(&reply.unwrap());
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert!(t_new > t_old, "token after failover {t_new} not above {t_old}");
+}
+
+#[test]
+fn chained_setstate_keeps_tokens_monotonic_after_failover() {
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    let mut last = 0;
+    for i in 0..50 {
+        let k = format!("k{}", i % 5);
+        last = int(&mut m, &["RLOCK.ACQUIRE", &k, "o"]);
+        int(&mut m, &["RLOCK.RELEASE", &k, "o"]);
+    }
+    wait_replicated(&mut m);
+    master.kill();
+    let _: () = cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
+    let next = int(&mut r, &["RLOCK.ACQUIRE", "k0", "o"]);
+    assert!(next > last, "{next} <= {last}");
+    assert!(stat(&mut r, "last_token") >= last);
+}
