@@ -26,7 +26,7 @@ pub const MAX_LEASE_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 /// Applies `loadmodule ... <name> <value> ...` pairs. Names may carry the
 /// `rlock.` prefix or not. Anything unknown or invalid refuses the load.
 pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         return Err("module arguments must be <config> <value> pairs".into());
     }
     for pair in args.chunks(2) {

@@ -38,7 +38,9 @@ pub enum Action<'a> {
     /// Replace the held state (replication and AOF replay).
     SetState(LockState),
     /// Lease timer: the schedule entry due at `due` fired.
-    Expire { due: i64 },
+    Expire {
+        due: i64,
+    },
     /// Serve the queue (a waiter left its head, or the key vanished under it).
     Serve,
 }
@@ -92,10 +94,14 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
         (None, Some(k)) => k,
         (None, None) => match &action {
             Action::SetState(s) => s.kind,
-            Action::Serve => match blocking::with_queue(selected_db(ctx), unsafe { bytes(keyname) }, |q| q.kind()) {
-                Some(k) => k,
-                None => return Reply::Null,
-            },
+            Action::Serve => {
+                match blocking::with_queue(selected_db(ctx), unsafe { bytes(keyname) }, |q| {
+                    q.kind()
+                }) {
+                    Some(k) => k,
+                    None => return Reply::Null,
+                }
+            }
             _ => return Reply::Null,
         },
     };
@@ -141,10 +147,8 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
 }
 
 fn serve(db: i32, name: &[u8], state: &mut LockState, now: i64, change: &mut Change) {
-    let served = blocking::with_queue(db, name, |q| {
-        q.serve(state, now, &mut || token::issue(now))
-    })
-    .unwrap_or_default();
+    let served = blocking::with_queue(db, name, |q| q.serve(state, now, &mut || token::issue(now)))
+        .unwrap_or_default();
     for s in &served {
         if let Served::Granted { .. } = s {
             stats::bump(&stats::GRANTS, 1);
@@ -208,7 +212,8 @@ fn apply(
             }
             Err(_) => Reply::err(NOTOWNER_ERR),
         },
-        Action::Renew { owner, lease_ms } => match state.renew(owner, now.saturating_add(lease_ms)) {
+        Action::Renew { owner, lease_ms } => match state.renew(owner, now.saturating_add(lease_ms))
+        {
             Ok(()) => {
                 change.dirty = true;
                 Reply::Int(1)
@@ -224,7 +229,10 @@ fn apply(
             Reply::Int((ended > 0) as i64)
         }
         Action::SetState(new_state) => {
-            new_state.holders.iter().for_each(|h| token::observe(h.token));
+            new_state
+                .holders
+                .iter()
+                .for_each(|h| token::observe(h.token));
             *state = new_state;
             change.dirty = true;
             Reply::Simple("OK")
@@ -290,7 +298,15 @@ fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
     let args = setstate_args(state);
     let mut argv: Vec<*mut RStr> = vec![keyname];
     argv.extend(args.iter().map(|s| s.ptr()));
-    unsafe { api!(RedisModule_Replicate)(ctx, SETSTATE.as_ptr(), c"v".as_ptr(), argv.as_mut_ptr(), argv.len()) };
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx,
+            SETSTATE.as_ptr(),
+            c"v".as_ptr(),
+            argv.as_mut_ptr(),
+            argv.len(),
+        )
+    };
 }
 
 fn replicate_del(ctx: *mut Ctx, keyname: *mut RStr) {

@@ -8,7 +8,12 @@ use redis_module::raw::{self, RedisModuleEvent};
 use crate::ffi::{api, Ctx, OK};
 use crate::{blocking, lease};
 
-unsafe extern "C" fn on_role_change(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent: u64, _data: *mut c_void) {
+unsafe extern "C" fn on_role_change(
+    ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
     crate::ffi::contained("role change", (), || {
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
             // Promotion: this server now expires leases and serves waiters.
@@ -19,7 +24,12 @@ unsafe extern "C" fn on_role_change(ctx: *mut Ctx, _eid: RedisModuleEvent, subev
     })
 }
 
-unsafe extern "C" fn on_loading(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent: u64, _data: *mut c_void) {
+unsafe extern "C" fn on_loading(
+    ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
     crate::ffi::contained("loading", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             lease::rebuild(ctx);
@@ -29,7 +39,12 @@ unsafe extern "C" fn on_loading(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent:
 
 /// After FLUSHDB/FLUSHALL the lock values are gone but their waiters are not:
 /// serve them, which hands each key to its first waiter.
-unsafe extern "C" fn on_flush(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent: u64, data: *mut c_void) {
+unsafe extern "C" fn on_flush(
+    ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
     crate::ffi::contained("flush", (), || {
         if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
             return;
@@ -44,14 +59,24 @@ unsafe extern "C" fn on_flush(ctx: *mut Ctx, _eid: RedisModuleEvent, subevent: u
 
 pub fn subscribe(ctx: *mut Ctx) -> bool {
     let events: [(u64, raw::RedisModuleEventCallback); 3] = [
-        (raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED, Some(on_role_change)),
+        (
+            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+            Some(on_role_change),
+        ),
         (raw::REDISMODULE_EVENT_LOADING, Some(on_loading)),
         (raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush)),
     ];
-    let keyspace = raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED;
+    let keyspace = raw::REDISMODULE_NOTIFY_GENERIC
+        | raw::REDISMODULE_NOTIFY_EXPIRED
+        | raw::REDISMODULE_NOTIFY_EVICTED;
     unsafe {
         events.into_iter().all(|(id, cb)| {
-            api!(RedisModule_SubscribeToServerEvent)(ctx, RedisModuleEvent { id, dataver: 1 }, cb) == OK
-        }) && api!(RedisModule_SubscribeToKeyspaceEvents)(ctx, keyspace, Some(crate::notify::on_keyspace_event)) == OK
+            api!(RedisModule_SubscribeToServerEvent)(ctx, RedisModuleEvent { id, dataver: 1 }, cb)
+                == OK
+        }) && api!(RedisModule_SubscribeToKeyspaceEvents)(
+            ctx,
+            keyspace,
+            Some(crate::notify::on_keyspace_event),
+        ) == OK
     }
 }

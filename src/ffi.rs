@@ -41,7 +41,11 @@ pub struct OwnedStr(*mut RStr);
 impl OwnedStr {
     pub fn new(data: &[u8]) -> Self {
         OwnedStr(unsafe {
-            api!(RedisModule_CreateString)(ptr::null_mut(), data.as_ptr().cast::<c_char>(), data.len())
+            api!(RedisModule_CreateString)(
+                ptr::null_mut(),
+                data.as_ptr().cast::<c_char>(),
+                data.len(),
+            )
         })
     }
 
@@ -94,7 +98,8 @@ impl Key {
 
     pub fn is_empty(&self) -> bool {
         self.raw.is_null()
-            || unsafe { api!(RedisModule_KeyType)(self.raw) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int
+            || unsafe { api!(RedisModule_KeyType)(self.raw) }
+                == raw::REDISMODULE_KEYTYPE_EMPTY as c_int
     }
 
     /// The module value if the key holds one of `ty`; `Err(())` if it holds anything else.
@@ -159,7 +164,8 @@ pub fn send(ctx: *mut Ctx, reply: &Reply) {
                 api!(RedisModule_ReplyWithSimpleString)(ctx, c.as_ptr());
             }
             Reply::Error(e) => {
-                let c = std::ffi::CString::new(e.replace(['\r', '\n', '\0'], " ")).unwrap_or_default();
+                let c =
+                    std::ffi::CString::new(e.replace(['\r', '\n', '\0'], " ")).unwrap_or_default();
                 api!(RedisModule_ReplyWithError)(ctx, c.as_ptr());
             }
             Reply::Array(items) => {
@@ -183,7 +189,9 @@ pub fn contained<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
-            log_warning(&format!("rlock: internal error in {what}; the operation was abandoned"));
+            log_warning(&format!(
+                "rlock: internal error in {what}; the operation was abandoned"
+            ));
             fallback
         }
     }
@@ -192,7 +200,12 @@ pub fn contained<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
 pub fn log_warning(msg: &str) {
     let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
     unsafe {
-        api!(RedisModule_Log)(ptr::null_mut(), c"warning".as_ptr(), c"%s".as_ptr(), c.as_ptr());
+        api!(RedisModule_Log)(
+            ptr::null_mut(),
+            c"warning".as_ptr(),
+            c"%s".as_ptr(),
+            c.as_ptr(),
+        );
     }
 }
 

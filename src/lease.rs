@@ -144,7 +144,13 @@ pub fn rebuild(ctx: *mut Ctx) {
         let mut found: Vec<(Vec<u8>, i64)> = Vec::new();
         unsafe {
             let cursor = api!(RedisModule_ScanCursorCreate)();
-            while api!(RedisModule_Scan)(ctx, cursor, Some(collect_lock), (&mut found as *mut Vec<_>).cast()) != 0 {}
+            while api!(RedisModule_Scan)(
+                ctx,
+                cursor,
+                Some(collect_lock),
+                (&mut found as *mut Vec<_>).cast(),
+            ) != 0
+            {}
             api!(RedisModule_ScanCursorDestroy)(cursor);
         }
         with(|s| {

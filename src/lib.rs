@@ -51,11 +51,31 @@ macro_rules! handler {
 macro_rules! family {
     ($prefix:literal, $kind:expr) => {
         [
-            (concat!($prefix, ".acquire"), handler!(commands::acquire, $kind), "write deny-oom"),
-            (concat!($prefix, ".release"), handler!(commands::release, $kind), "write"),
-            (concat!($prefix, ".renew"), handler!(commands::renew, $kind), "write"),
-            (concat!($prefix, ".forcerelease"), handler!(commands::force_release, $kind), "write"),
-            (concat!($prefix, ".info"), handler!(commands::info, $kind), "readonly"),
+            (
+                concat!($prefix, ".acquire"),
+                handler!(commands::acquire, $kind),
+                "write deny-oom",
+            ),
+            (
+                concat!($prefix, ".release"),
+                handler!(commands::release, $kind),
+                "write",
+            ),
+            (
+                concat!($prefix, ".renew"),
+                handler!(commands::renew, $kind),
+                "write",
+            ),
+            (
+                concat!($prefix, ".forcerelease"),
+                handler!(commands::force_release, $kind),
+                "write",
+            ),
+            (
+                concat!($prefix, ".info"),
+                handler!(commands::info, $kind),
+                "readonly",
+            ),
         ]
     };
 }
@@ -66,12 +86,34 @@ unsafe extern "C" fn setstate_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc:
 
 /// Every command takes its one key at position 1.
 fn register_commands(ctx: *mut Ctx) -> bool {
-    let families = [family!("rlock", Kind::Reentrant), family!("fairlock", Kind::Fair), family!("rwlock", Kind::ReadWrite)];
-    let internal = [("rlock.setstate", setstate_handler as Handler, "write deny-oom")];
-    families.iter().flatten().chain(internal.iter()).all(|(name, handler, flags)| {
-        let (name, flags) = (CString::new(*name).unwrap(), CString::new(*flags).unwrap());
-        unsafe { api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), Some(*handler), flags.as_ptr(), 1, 1, 1) == ffi::OK }
-    })
+    let families = [
+        family!("rlock", Kind::Reentrant),
+        family!("fairlock", Kind::Fair),
+        family!("rwlock", Kind::ReadWrite),
+    ];
+    let internal = [(
+        "rlock.setstate",
+        setstate_handler as Handler,
+        "write deny-oom",
+    )];
+    families
+        .iter()
+        .flatten()
+        .chain(internal.iter())
+        .all(|(name, handler, flags)| {
+            let (name, flags) = (CString::new(*name).unwrap(), CString::new(*flags).unwrap());
+            unsafe {
+                api!(RedisModule_CreateCommand)(
+                    ctx,
+                    name.as_ptr(),
+                    Some(*handler),
+                    flags.as_ptr(),
+                    1,
+                    1,
+                    1,
+                ) == ffi::OK
+            }
+        })
 }
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {

@@ -3,8 +3,8 @@
 //! (its TTL, which is the latest lease deadline, ran out; or DEL, FLUSHALL...).
 
 use std::cell::RefCell;
-use std::os::raw::{c_char, c_int, c_void};
 use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_void};
 
 use redis_module::raw;
 
@@ -31,7 +31,14 @@ pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: &str, keyname: *mut RStr) {
         return;
     }
     let name = std::ffi::CString::new(format!("{}.{event}", kind.name())).unwrap_or_default();
-    unsafe { api!(RedisModule_NotifyKeyspaceEvent)(ctx, raw::REDISMODULE_NOTIFY_MODULE, name.as_ptr(), keyname) };
+    unsafe {
+        api!(RedisModule_NotifyKeyspaceEvent)(
+            ctx,
+            raw::REDISMODULE_NOTIFY_MODULE,
+            name.as_ptr(),
+            keyname,
+        )
+    };
 }
 
 pub fn end_event(reason: EndReason) -> &'static str {
@@ -87,7 +94,9 @@ pub unsafe extern "C" fn on_keyspace_event(
     crate::ffi::contained("keyspace event", crate::ffi::OK, || {
         let db = selected_db(ctx);
         let key = bytes(keyname);
-        let unlinked = UNLINKED.with(|u| u.borrow_mut().take()).filter(|u| u.db == db && u.key == key);
+        let unlinked = UNLINKED
+            .with(|u| u.borrow_mut().take())
+            .filter(|u| u.db == db && u.key == key);
         if let Some(u) = unlinked {
             if CStr::from_ptr(event).to_bytes() == b"expired" {
                 stats::bump(&stats::LEASE_EXPIRATIONS, u.holders as u64);

@@ -138,7 +138,9 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
 
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     if encver != ENCODING_VERSION {
-        crate::ffi::log_warning(&format!("rlock: cannot load lock encoding version {encver}"));
+        crate::ffi::log_warning(&format!(
+            "rlock: cannot load lock encoding version {encver}"
+        ));
         return ptr::null_mut();
     }
     let Some(kind) = Kind::from_code(api!(RedisModule_LoadUnsigned)(rdb)) else {
@@ -176,14 +178,24 @@ unsafe extern "C" fn aof_rewrite(
     let args = setstate_args(&v.state);
     let mut argv: Vec<*mut raw::RedisModuleString> = vec![key];
     argv.extend(args.iter().map(|s| s.ptr()));
-    api!(RedisModule_EmitAOF)(aof, SETSTATE.as_ptr(), c"v".as_ptr(), argv.as_mut_ptr(), argv.len());
+    api!(RedisModule_EmitAOF)(
+        aof,
+        SETSTATE.as_ptr(),
+        c"v".as_ptr(),
+        argv.as_mut_ptr(),
+        argv.len(),
+    );
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     let v = &*(value as *const LockValue);
     std::mem::size_of::<LockValue>()
         + v.state.holders.capacity() * std::mem::size_of::<Holder>()
-        + v.state.holders.iter().map(|h| h.owner.capacity()).sum::<usize>()
+        + v.state
+            .holders
+            .iter()
+            .map(|h| h.owner.capacity())
+            .sum::<usize>()
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
@@ -225,7 +237,9 @@ mod tests {
 
     #[test]
     fn setstate_parse_rejects_malformed_input() {
-        let ok: Vec<&[u8]> = vec![b"rwlock", b"2", b"a", b"1", b"0", b"7", b"100", b"b", b"2", b"1", b"8", b"200"];
+        let ok: Vec<&[u8]> = vec![
+            b"rwlock", b"2", b"a", b"1", b"0", b"7", b"100", b"b", b"2", b"1", b"8", b"200",
+        ];
         let s = parse_setstate(&ok).unwrap();
         assert_eq!(s.holders.len(), 2);
         assert_eq!(s.holders[1].writes, 1);

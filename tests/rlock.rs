@@ -8,7 +8,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::*;
 
 fn unix_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 #[test]
@@ -21,7 +24,10 @@ fn acquire_grants_a_token_and_creates_a_lock_key() {
     let ty: String = cmd("TYPE").arg("k").query(&mut c).unwrap();
     assert_eq!(ty, "rlock-lck");
     assert_eq!(ty.len(), 9);
-    assert!(is_nil(&mut c, &["RLOCK.ACQUIRE", "k", "b"]), "busy lock must not be granted");
+    assert!(
+        is_nil(&mut c, &["RLOCK.ACQUIRE", "k", "b"]),
+        "busy lock must not be granted"
+    );
 }
 
 #[test]
@@ -32,7 +38,10 @@ fn reentrant_acquire_keeps_token_counts_holds_and_resets_lease() {
     let t2 = int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "5000"]);
     assert_eq!(t1, t2);
     let pttl = int(&mut c, &["PTTL", "k"]);
-    assert!(pttl <= 5000 && pttl > 4000, "shorter lease must apply exactly: {pttl}");
+    assert!(
+        pttl <= 5000 && pttl > 4000,
+        "shorter lease must apply exactly: {pttl}"
+    );
     // Without PX/EX the configured default (30 s) applies.
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     let pttl = int(&mut c, &["PTTL", "k"]);
@@ -43,7 +52,11 @@ fn reentrant_acquire_keeps_token_counts_holds_and_resets_lease() {
     assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 1);
     assert_eq!(int(&mut c, &["EXISTS", "k"]), 1);
     assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 0);
-    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0, "key exists only while held");
+    assert_eq!(
+        int(&mut c, &["EXISTS", "k"]),
+        0,
+        "key exists only while held"
+    );
 }
 
 #[test]
@@ -104,7 +117,10 @@ fn renew_resets_the_lease() {
     let pttl = int(&mut c, &["PTTL", "k"]);
     assert!(pttl <= 2000 && pttl > 1000, "renew may shorten: {pttl}");
     assert_eq!(int(&mut c, &["RLOCK.RENEW", "k", "a"]), 1);
-    assert!(int(&mut c, &["PTTL", "k"]) > 29000, "default lease on renew");
+    assert!(
+        int(&mut c, &["PTTL", "k"]) > 29000,
+        "default lease on renew"
+    );
     assert!(error(&mut c, &["RLOCK.RENEW", "k", "a", "BLOCK", "1"]).contains("syntax"));
 }
 
@@ -162,12 +178,24 @@ fn binary_owners_round_trip() {
     let s = Server::start();
     let mut c = s.client();
     let owner: &[u8] = b"\x00\xffuuid:1\r\n";
-    let t: i64 = cmd("RLOCK.ACQUIRE").arg("k").arg(owner).query(&mut c).unwrap();
+    let t: i64 = cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg(owner)
+        .query(&mut c)
+        .unwrap();
     let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
     assert_eq!(field(&info, "owner"), Value::BulkString(owner.to_vec()));
-    let again: i64 = cmd("RLOCK.ACQUIRE").arg("k").arg(owner).query(&mut c).unwrap();
+    let again: i64 = cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg(owner)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(t, again);
-    let left: i64 = cmd("RLOCK.RELEASE").arg("k").arg(owner).query(&mut c).unwrap();
+    let left: i64 = cmd("RLOCK.RELEASE")
+        .arg("k")
+        .arg(owner)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(left, 1);
 }
 
@@ -205,7 +233,10 @@ fn waiter_is_served_at_once_on_release() {
         Value::Int(t) => t,
         other => panic!("waiter got {other:?}"),
     };
-    assert!(served_after < Duration::from_millis(500), "handoff took {served_after:?}");
+    assert!(
+        served_after < Duration::from_millis(500),
+        "handoff took {served_after:?}"
+    );
     let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
     assert_eq!(as_string(&field(&info, "owner")), "b");
     assert_eq!(as_int(&field(&info, "token")), token);
@@ -226,11 +257,17 @@ fn waiter_is_served_within_a_few_ms_of_the_lease_deadline() {
         let (reply, _) = waiter.join().unwrap();
         assert!(matches!(reply.unwrap(), Value::Int(_)));
         let now = Instant::now();
-        assert!(now + Duration::from_millis(5) >= deadline, "granted before the lease ended");
+        assert!(
+            now + Duration::from_millis(5) >= deadline,
+            "granted before the lease ended"
+        );
         worst = worst.max(now.saturating_duration_since(deadline));
     }
     // A few ms on an idle server; the bound is generous for a loaded CI box.
-    assert!(worst < Duration::from_millis(100), "worst handoff after deadline: {worst:?}");
+    assert!(
+        worst < Duration::from_millis(100),
+        "worst handoff after deadline: {worst:?}"
+    );
 }
 
 #[test]
@@ -238,13 +275,22 @@ fn block_times_out_with_nil_and_leaves_the_queue() {
     let s = Server::start();
     let mut c = s.client();
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
-    let (reply, took) = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "200"]).join().unwrap();
+    let (reply, took) = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "200"])
+        .join()
+        .unwrap();
     assert_eq!(reply.unwrap(), Value::Nil);
-    assert!(took >= Duration::from_millis(190) && took < Duration::from_millis(1500), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(190) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
     assert_eq!(stat(&mut c, "waiters"), 0);
     assert_eq!(stat(&mut c, "wait_timeouts"), 1);
     assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 0);
-    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0, "the departed waiter must not get the lock");
+    assert_eq!(
+        int(&mut c, &["EXISTS", "k"]),
+        0,
+        "the departed waiter must not get the lock"
+    );
 }
 
 #[test]
@@ -267,10 +313,22 @@ fn disconnected_waiter_is_never_granted() {
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     let mut w = s.client();
     let id = client_id(&mut w);
-    w.send_packed_command(&cmd("RLOCK.ACQUIRE").arg("k").arg("gone").arg("BLOCK").arg(0).get_packed_command())
-        .unwrap();
+    w.send_packed_command(
+        &cmd("RLOCK.ACQUIRE")
+            .arg("k")
+            .arg("gone")
+            .arg("BLOCK")
+            .arg(0)
+            .get_packed_command(),
+    )
+    .unwrap();
     wait_parked(&mut c, 1);
-    let killed: i64 = cmd("CLIENT").arg("KILL").arg("ID").arg(id).query(&mut c).unwrap();
+    let killed: i64 = cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut c)
+        .unwrap();
     assert_eq!(killed, 1);
     wait_parked(&mut c, 0);
     let next = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "next", "BLOCK", "5000"]);
@@ -288,8 +346,15 @@ fn dropped_connection_leaves_the_queue() {
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     {
         let mut w = s.client();
-        w.send_packed_command(&cmd("RLOCK.ACQUIRE").arg("k").arg("gone").arg("BLOCK").arg(0).get_packed_command())
-            .unwrap();
+        w.send_packed_command(
+            &cmd("RLOCK.ACQUIRE")
+                .arg("k")
+                .arg("gone")
+                .arg("BLOCK")
+                .arg(0)
+                .get_packed_command(),
+        )
+        .unwrap();
         wait_parked(&mut c, 1);
     }
     wait_parked(&mut c, 0);
@@ -305,7 +370,8 @@ fn client_unblock_answers_nil_or_error_and_dequeues() {
     for (extra, expect_error) in [(None, false), (Some("ERROR"), true)] {
         let mut w = s.client();
         let id = client_id(&mut w);
-        let waiter = std::thread::spawn(move || call(&mut w, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "0"]));
+        let waiter =
+            std::thread::spawn(move || call(&mut w, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "0"]));
         wait_parked(&mut c, 1);
         let mut unblock = cmd("CLIENT");
         unblock.arg("UNBLOCK").arg(id);
@@ -341,7 +407,10 @@ fn one_release_wakes_exactly_one_waiter() {
         other => panic!("{other:?}"),
     };
     sleep(Duration::from_millis(300));
-    assert!(!w2.is_finished(), "second waiter was woken by the same release");
+    assert!(
+        !w2.is_finished(),
+        "second waiter was woken by the same release"
+    );
     assert_eq!(stat(&mut c, "waiters"), 1);
     int(&mut c, &["RLOCK.RELEASE", "k", "w1"]);
     let t2 = as_int(&w2.join().unwrap().0.unwrap());
@@ -401,29 +470,80 @@ fn malformed_calls_get_errors_and_change_nothing() {
     int(&mut c, &["FAIRLOCK.ACQUIRE", "fair", "a"]);
     let digest: String = cmd("DEBUG").arg("DIGEST").query(&mut c).unwrap();
     let cases: &[(&[&str], &str)] = &[
-        (&["RLOCK.ACQUIRE", "k"], "ERR wrong number of arguments for 'rlock.acquire' command"),
-        (&["RLOCK.RELEASE", "k"], "ERR wrong number of arguments for 'rlock.release' command"),
-        (&["RLOCK.RELEASE", "k", "a", "x"], "ERR wrong number of arguments"),
+        (
+            &["RLOCK.ACQUIRE", "k"],
+            "ERR wrong number of arguments for 'rlock.acquire' command",
+        ),
+        (
+            &["RLOCK.RELEASE", "k"],
+            "ERR wrong number of arguments for 'rlock.release' command",
+        ),
+        (
+            &["RLOCK.RELEASE", "k", "a", "x"],
+            "ERR wrong number of arguments",
+        ),
         (&["RLOCK.RENEW", "k"], "ERR wrong number of arguments"),
         (&["RLOCK.FORCERELEASE"], "ERR wrong number of arguments"),
-        (&["RLOCK.FORCERELEASE", "k", "x"], "ERR wrong number of arguments"),
+        (
+            &["RLOCK.FORCERELEASE", "k", "x"],
+            "ERR wrong number of arguments",
+        ),
         (&["RLOCK.INFO"], "ERR wrong number of arguments"),
         (&["RLOCK.INFO", "k", "x"], "ERR wrong number of arguments"),
         (&["RLOCK.ACQUIRE", "k", "a", "NX", "1"], "ERR syntax error"),
         (&["RLOCK.ACQUIRE", "k", "a", "PX"], "ERR syntax error"),
-        (&["RLOCK.ACQUIRE", "k", "a", "PX", "1", "PX", "2"], "ERR syntax error"),
-        (&["RLOCK.ACQUIRE", "k", "a", "PX", "1", "EX", "2"], "ERR syntax error"),
-        (&["RLOCK.ACQUIRE", "k", "a", "BLOCK", "1", "block", "2"], "ERR syntax error"),
-        (&["RLOCK.RENEW", "k", "a", "EX", "1", "EX", "1"], "ERR syntax error"),
-        (&["RLOCK.ACQUIRE", "k", "a", "PX", "0"], "not an integer or out of range"),
-        (&["RLOCK.ACQUIRE", "k", "a", "PX", "-5"], "not an integer or out of range"),
-        (&["RLOCK.ACQUIRE", "k", "a", "PX", "12abc"], "not an integer or out of range"),
-        (&["RLOCK.ACQUIRE", "k", "a", "PX", "9223372036854775807"], "not an integer or out of range"),
-        (&["RLOCK.ACQUIRE", "k", "a", "EX", "9223372036854775"], "not an integer or out of range"),
-        (&["RLOCK.ACQUIRE", "k", "a", "PX", "99999999999999999999999"], "not an integer or out of range"),
-        (&["RLOCK.ACQUIRE", "k", "a", "BLOCK", "-1"], "not an integer or out of range"),
-        (&["RLOCK.ACQUIRE", "k", "a", "BLOCK", "x"], "not an integer or out of range"),
-        (&["RLOCK.RENEW", "k", "a", "PX", "0"], "not an integer or out of range"),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "PX", "1", "PX", "2"],
+            "ERR syntax error",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "PX", "1", "EX", "2"],
+            "ERR syntax error",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "BLOCK", "1", "block", "2"],
+            "ERR syntax error",
+        ),
+        (
+            &["RLOCK.RENEW", "k", "a", "EX", "1", "EX", "1"],
+            "ERR syntax error",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "PX", "0"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "PX", "-5"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "PX", "12abc"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "PX", "9223372036854775807"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "EX", "9223372036854775"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "PX", "99999999999999999999999"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "BLOCK", "-1"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.ACQUIRE", "k", "a", "BLOCK", "x"],
+            "not an integer or out of range",
+        ),
+        (
+            &["RLOCK.RENEW", "k", "a", "PX", "0"],
+            "not an integer or out of range",
+        ),
         (&["RLOCK.ACQUIRE", "k", ""], "ERR owner"),
         (&["RLOCK.RELEASE", "k", ""], "ERR owner"),
         (&["RLOCK.RENEW", "k", ""], "ERR owner"),
@@ -438,15 +558,27 @@ fn malformed_calls_get_errors_and_change_nothing() {
         (&["FAIRLOCK.ACQUIRE", "k", "a"], "WRONGTYPE"),
         (&["RWLOCK.INFO", "k"], "WRONGTYPE"),
         (&["GET", "k"], "WRONGTYPE"),
-        (&["RLOCK.SETSTATE", "k", "rlock", "0"], "ERR RLOCK.SETSTATE is internal"),
+        (
+            &["RLOCK.SETSTATE", "k", "rlock", "0"],
+            "ERR RLOCK.SETSTATE is internal",
+        ),
     ];
     for (args, expected) in cases {
         let e = error(&mut c, args);
-        assert!(e.starts_with(expected) || e.contains(expected), "{args:?}: got '{e}', want '{expected}'");
+        assert!(
+            e.starts_with(expected) || e.contains(expected),
+            "{args:?}: got '{e}', want '{expected}'"
+        );
     }
     let after: String = cmd("DEBUG").arg("DIGEST").query(&mut c).unwrap();
     assert_eq!(digest, after, "a rejected call changed the dataset");
-    assert_eq!(as_int(&field(&info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap(), "token")), t);
+    assert_eq!(
+        as_int(&field(
+            &info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap(),
+            "token"
+        )),
+        t
+    );
     let up: String = cmd("PING").query(&mut c).unwrap();
     assert_eq!(up, "PONG");
 }
@@ -455,7 +587,12 @@ fn malformed_calls_get_errors_and_change_nothing() {
 fn keyspace_events_and_channel_follow_configuration() {
     let s = Server::start();
     let mut c = s.client();
-    let _: () = cmd("CONFIG").arg("SET").arg("notify-keyspace-events").arg("Kd").query(&mut c).unwrap();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kd")
+        .query(&mut c)
+        .unwrap();
     let mut sub = s.client();
     sub.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let mut ps = sub.as_pubsub();
@@ -463,7 +600,10 @@ fn keyspace_events_and_channel_follow_configuration() {
     ps.subscribe("__rlock@0__:k").unwrap();
     let mut next = || {
         let m = ps.get_message().unwrap();
-        (m.get_channel_name().to_string(), m.get_payload::<String>().unwrap())
+        (
+            m.get_channel_name().to_string(),
+            m.get_payload::<String>().unwrap(),
+        )
     };
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     assert_eq!(next(), ("__keyspace@0__:k".into(), "rlock.acquire".into()));
@@ -472,35 +612,64 @@ fn keyspace_events_and_channel_follow_configuration() {
     got.sort();
     assert_eq!(
         got,
-        vec![("__keyspace@0__:k".into(), "rlock.release".into()), ("__rlock@0__:k".into(), "released".into())]
+        vec![
+            ("__keyspace@0__:k".into(), "rlock.release".into()),
+            ("__rlock@0__:k".into(), "released".into())
+        ]
     );
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     assert_eq!(next().1, "rlock.acquire");
     int(&mut c, &["RLOCK.FORCERELEASE", "k"]);
-    let mut got = vec![next(), next()];
+    let mut got = [next(), next()];
     got.sort();
     assert_eq!(got[0], ("__keyspace@0__:k".into(), "rlock.force".into()));
     assert_eq!(got[1], ("__rlock@0__:k".into(), "forced".into()));
 
     // Both switches off: nothing more arrives, then a marker proves the subscriber is alive.
-    let _: () = cmd("CONFIG").arg("SET").arg("rlock.notify-channel").arg("no").query(&mut c).unwrap();
-    let _: () = cmd("CONFIG").arg("SET").arg("rlock.notify-keyspace").arg("no").query(&mut c).unwrap();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("rlock.notify-channel")
+        .arg("no")
+        .query(&mut c)
+        .unwrap();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("rlock.notify-keyspace")
+        .arg("no")
+        .query(&mut c)
+        .unwrap();
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     int(&mut c, &["RLOCK.RELEASE", "k", "a"]);
-    let _: i64 = cmd("PUBLISH").arg("__rlock@0__:k").arg("marker").query(&mut c).unwrap();
+    let _: i64 = cmd("PUBLISH")
+        .arg("__rlock@0__:k")
+        .arg("marker")
+        .query(&mut c)
+        .unwrap();
     assert_eq!(next(), ("__rlock@0__:k".into(), "marker".into()));
 }
 
 #[test]
 fn default_lease_is_configurable() {
-    let s = Server::start_with(&["--save", "", "--appendonly", "no"], &["default-lease-ms", "4000"]);
+    let s = Server::start_with(
+        &["--save", "", "--appendonly", "no"],
+        &["default-lease-ms", "4000"],
+    );
     let mut c = s.client();
-    let cfg: Vec<String> = cmd("CONFIG").arg("GET").arg("rlock.default-lease-ms").query(&mut c).unwrap();
+    let cfg: Vec<String> = cmd("CONFIG")
+        .arg("GET")
+        .arg("rlock.default-lease-ms")
+        .query(&mut c)
+        .unwrap();
     assert_eq!(cfg, vec!["rlock.default-lease-ms", "4000"]);
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     let pttl = int(&mut c, &["PTTL", "k"]);
     assert!(pttl <= 4000 && pttl > 3000, "{pttl}");
-    let _: () = cmd("CONFIG").arg("SET").arg("rlock.default-lease-ms").arg("9000").query(&mut c).unwrap();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("rlock.default-lease-ms")
+        .arg("9000")
+        .query(&mut c)
+        .unwrap();
     assert_eq!(int(&mut c, &["RLOCK.RENEW", "k", "a"]), 1);
     let pttl = int(&mut c, &["PTTL", "k"]);
     assert!(pttl <= 9000 && pttl > 8000, "{pttl}");
@@ -523,7 +692,10 @@ fn bad_module_arguments_refuse_the_load() {
         .arg("zero")
         .output()
         .unwrap();
-    assert!(!out.status.success(), "redis-server must refuse a module it could not load");
+    assert!(
+        !out.status.success(),
+        "redis-server must refuse a module it could not load"
+    );
     let log = String::from_utf8_lossy(&out.stdout);
     assert!(log.contains("default-lease-ms must be an integer"), "{log}");
 }
@@ -584,7 +756,10 @@ fn locks_live_in_their_database() {
     let mut ps = sub.as_pubsub();
     ps.subscribe("__rlock@3__:k").unwrap();
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "100"]);
-    assert_eq!(ps.get_message().unwrap().get_payload::<String>().unwrap(), "expired");
+    assert_eq!(
+        ps.get_message().unwrap().get_payload::<String>().unwrap(),
+        "expired"
+    );
     let mut db0 = s.client();
     assert_eq!(int(&mut db0, &["EXISTS", "k"]), 0);
 }

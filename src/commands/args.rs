@@ -107,7 +107,13 @@ mod tests {
             })
         );
         assert_eq!(parse(&["EX", "2"]).unwrap().lease_ms, Some(2000));
-        assert_eq!(parse(&[]).unwrap(), Options { lease_ms: None, block_ms: None });
+        assert_eq!(
+            parse(&[]).unwrap(),
+            Options {
+                lease_ms: None,
+                block_ms: None
+            }
+        );
     }
 
     #[test]
@@ -128,7 +134,16 @@ mod tests {
 
     #[test]
     fn ranges_are_checked() {
-        for bad in ["0", "-1", "abc", "", "1.5", "+5", "9223372036854775807", "99999999999999999999"] {
+        for bad in [
+            "0",
+            "-1",
+            "abc",
+            "",
+            "1.5",
+            "+5",
+            "9223372036854775807",
+            "99999999999999999999",
+        ] {
             assert_eq!(parse(&["PX", bad]), Err(LEASE_ERR), "PX {bad}");
         }
         assert_eq!(parse(&["EX", "9223372036854775"]), Err(LEASE_ERR));

@@ -19,7 +19,12 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
         return Reply::err(WRONGTYPE_ERR);
     }
     let now = now_ms();
-    let live: Vec<&Holder> = value.state.holders.iter().filter(|h| h.deadline >= now).collect();
+    let live: Vec<&Holder> = value
+        .state
+        .holders
+        .iter()
+        .filter(|h| h.deadline >= now)
+        .collect();
     if live.is_empty() {
         return Reply::Null;
     }
@@ -62,10 +67,22 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
             let latest = live.iter().map(|h| h.deadline).max().unwrap_or(now);
             Reply::Map(vec![
                 ("kind", Reply::Bulk(kind.name().into())),
-                ("mode", Reply::Bulk(if writer.is_some() { "write" } else { "read" }.into())),
-                ("writer", writer.map_or(Reply::Null, |w| Reply::Bulk(w.owner.clone()))),
-                ("writer_holds", Reply::Int(writer.map_or(0, |w| w.writes as i64))),
-                ("writer_token", writer.map_or(Reply::Null, |w| Reply::Int(w.token as i64))),
+                (
+                    "mode",
+                    Reply::Bulk(if writer.is_some() { "write" } else { "read" }.into()),
+                ),
+                (
+                    "writer",
+                    writer.map_or(Reply::Null, |w| Reply::Bulk(w.owner.clone())),
+                ),
+                (
+                    "writer_holds",
+                    Reply::Int(writer.map_or(0, |w| w.writes as i64)),
+                ),
+                (
+                    "writer_token",
+                    writer.map_or(Reply::Null, |w| Reply::Int(w.token as i64)),
+                ),
                 ("readers", Reply::Array(readers)),
                 ("ttl", Reply::Int(latest - now)),
                 ("waiters", Reply::Int(waiters)),

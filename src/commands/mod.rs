@@ -25,7 +25,9 @@ fn arity_error(argv: &[*mut RStr]) -> Reply {
         .first()
         .map(|a| String::from_utf8_lossy(unsafe { bytes(*a) }).to_lowercase())
         .unwrap_or_default();
-    Reply::err(format!("ERR wrong number of arguments for '{name}' command"))
+    Reply::err(format!(
+        "ERR wrong number of arguments for '{name}' command"
+    ))
 }
 
 fn arg<'a>(argv: &[*mut RStr], i: usize) -> &'a [u8] {
@@ -33,13 +35,21 @@ fn arg<'a>(argv: &[*mut RStr], i: usize) -> &'a [u8] {
 }
 
 /// Arguments that come before the options: (mode, owner, index of first option).
-fn mode_and_owner<'a>(argv: &[*mut RStr], kind: Kind, with_mode: bool) -> Result<(Mode, &'a [u8], usize), Reply> {
+fn mode_and_owner<'a>(
+    argv: &[*mut RStr],
+    kind: Kind,
+    with_mode: bool,
+) -> Result<(Mode, &'a [u8], usize), Reply> {
     let rw = with_mode && kind == Kind::ReadWrite;
     let first_opt = if rw { 4 } else { 3 };
     if argv.len() < first_opt {
         return Err(arity_error(argv));
     }
-    let mode = if rw { args::mode(arg(argv, 2)).map_err(Reply::err)? } else { Mode::Write };
+    let mode = if rw {
+        args::mode(arg(argv, 2)).map_err(Reply::err)?
+    } else {
+        Mode::Write
+    };
     let owner = args::owner(arg(argv, first_opt - 1)).map_err(Reply::err)?;
     Ok((mode, owner, first_opt))
 }
@@ -105,7 +115,12 @@ pub fn info(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
 }
 
 /// Runs a handler with its panics contained and writes its reply.
-pub fn run(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int, handler: fn(*mut Ctx, &[*mut RStr]) -> Reply) -> c_int {
+pub fn run(
+    ctx: *mut Ctx,
+    argv: *mut *mut RStr,
+    argc: c_int,
+    handler: fn(*mut Ctx, &[*mut RStr]) -> Reply,
+) -> c_int {
     let reply = ffi::contained("command", Reply::err("ERR internal error"), || {
         let argv = unsafe { ffi::args(argv, argc) };
         handler(ctx, argv)

@@ -11,7 +11,9 @@ use crate::store::parse_setstate;
 pub fn setstate(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
     if ctx_flags(ctx) & trusted == 0 {
-        return Reply::err("ERR RLOCK.SETSTATE is internal: accepted only from a master or the AOF");
+        return Reply::err(
+            "ERR RLOCK.SETSTATE is internal: accepted only from a master or the AOF",
+        );
     }
     if argv.len() < 4 {
         return Reply::err("ERR wrong number of arguments for 'rlock.setstate' command");

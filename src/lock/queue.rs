@@ -16,9 +16,14 @@ pub struct Waiter {
 /// What serving the queue decided for one waiter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Served {
-    Granted { id: u64, token: u64 },
+    Granted {
+        id: u64,
+        token: u64,
+    },
     /// Its owner came to hold READ while it waited for WRITE: an upgrade, refused.
-    Refused { id: u64 },
+    Refused {
+        id: u64,
+    },
 }
 
 #[derive(Debug)]
