@@ -134,7 +134,9 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
         serve(db, name, slot.state(), now, &mut change);
     }
     let reply = apply(ctx, db, name, kind, slot.state(), action, now, &mut change);
-    if !change.ended.is_empty() && blocking::any_queued() {
+    // Any change can make room (a hold ended, WRITE released under READ):
+    // serving costs one admission check when the head still has to wait.
+    if change.dirty && blocking::any_queued() {
         serve(db, name, slot.state(), now, &mut change);
     }
     commit(ctx, &key, keyname, db, name, kind, slot, &change);
