@@ -17,7 +17,10 @@ fn populate(c: &mut Connection) -> Vec<i64> {
     vec![
         int(c, &["RLOCK.ACQUIRE", "r", "a", "PX", "600000"]),
         int(c, &["RLOCK.ACQUIRE", "r", "a", "PX", "500000"]),
-        int(c, &["RLOCK.ACQUIRE", "{tag}r\x00bin", "owner\r\n", "EX", "700"]),
+        int(
+            c,
+            &["RLOCK.ACQUIRE", "{tag}r\x00bin", "owner\r\n", "EX", "700"],
+        ),
         int(c, &["FAIRLOCK.ACQUIRE", "f", "x", "PX", "400000"]),
         int(c, &["RWLOCK.ACQUIRE", "rw", "READ", "r1", "PX", "300000"]),
         int(c, &["RWLOCK.ACQUIRE", "rw", "READ", "r2", "PX", "200000"]),
@@ -68,7 +71,16 @@ fn rdb_save_and_restart_give_back_the_same_state() {
 
 fn aof_roundtrip(preamble: &str, rewrite: bool) {
     let mut s = Server::start_with(
-        &["--save", "", "--appendonly", "yes", "--appendfsync", "always", "--aof-use-rdb-preamble", preamble],
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--aof-use-rdb-preamble",
+            preamble,
+        ],
         &[],
     );
     let mut c = s.client();
@@ -87,7 +99,11 @@ fn aof_roundtrip(preamble: &str, rewrite: bool) {
     let before = digest(&mut c);
     s.restart();
     let mut c = s.client();
-    assert_eq!(digest(&mut c), before, "preamble={preamble} rewrite={rewrite}");
+    assert_eq!(
+        digest(&mut c),
+        before,
+        "preamble={preamble} rewrite={rewrite}"
+    );
     assert_state(&mut c, &tokens);
     assert_eq!(int(&mut c, &["EXISTS", "gone"]), 0);
     let t = int(&mut c, &["RLOCK.ACQUIRE", "after", "z"]);
@@ -114,8 +130,14 @@ fn holds_that_expired_while_down_are_dropped() {
     let mut s = Server::start();
     let mut c = s.client();
     int(&mut c, &["RLOCK.ACQUIRE", "short", "a", "PX", "300"]);
-    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "brief", "PX", "300"]);
-    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "stays", "PX", "600000"]);
+    int(
+        &mut c,
+        &["RWLOCK.ACQUIRE", "rw", "READ", "brief", "PX", "300"],
+    );
+    int(
+        &mut c,
+        &["RWLOCK.ACQUIRE", "rw", "READ", "stays", "PX", "600000"],
+    );
     int(&mut c, &["RLOCK.ACQUIRE", "long", "b", "PX", "600000"]);
     let _: () = cmd("SAVE").query(&mut c).unwrap();
     let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
@@ -123,11 +145,15 @@ fn holds_that_expired_while_down_are_dropped() {
     sleep(Duration::from_millis(500));
     s.start_again();
     let mut c = s.client();
-    wait_until(Duration::from_secs(2), || int(&mut c, &["EXISTS", "short"]) == 0);
+    wait_until(Duration::from_secs(2), || {
+        int(&mut c, &["EXISTS", "short"]) == 0
+    });
     assert!(info_map(&mut c, &["RLOCK.INFO", "short"]).is_none());
     assert!(info_map(&mut c, &["RLOCK.INFO", "long"]).is_some());
     // The expired reader is removed from the stored value, not just hidden.
-    wait_until(Duration::from_secs(2), || stat(&mut c, "lease_expirations") >= 1);
+    wait_until(Duration::from_secs(2), || {
+        stat(&mut c, "lease_expirations") >= 1
+    });
     let info = info_map(&mut c, &["RWLOCK.INFO", "rw"]).unwrap();
     match field(&info, "readers") {
         Value::Array(r) => assert_eq!(r.len(), 1),

@@ -32,11 +32,17 @@ fn replica_mirrors_holders_tokens_and_deadlines() {
     assert_eq!(as_int(&field(&info, "holds")), 2);
     assert_eq!(as_int(&field(&info, "token")), t);
     let (pm, pr) = (int(&mut m, &["PTTL", "k"]), int(&mut r, &["PTTL", "k"]));
-    assert!((pm - pr).abs() < 200, "deadlines differ: master {pm} replica {pr}");
+    assert!(
+        (pm - pr).abs() < 200,
+        "deadlines differ: master {pm} replica {pr}"
+    );
     assert_eq!(digest(&mut m), digest(&mut r), "datasets differ");
 
     // A waiter served on the master: the replica sees the new owner and token.
-    let w = spawn_call(&master, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "5000", "PX", "40000"]);
+    let w = spawn_call(
+        &master,
+        &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "5000", "PX", "40000"],
+    );
     wait_parked(&mut m, 1);
     int(&mut m, &["RLOCK.RELEASE", "k", "a"]);
     int(&mut m, &["RLOCK.RELEASE", "k", "a"]);
@@ -91,7 +97,10 @@ fn replica_never_expires_or_grants_on_its_own_until_promoted() {
     let mut ps = sub.as_pubsub();
     ps.subscribe("__rlock@0__:short").unwrap();
     let _: () = cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
-    assert_eq!(ps.get_message().unwrap().get_payload::<String>().unwrap(), "expired");
+    assert_eq!(
+        ps.get_message().unwrap().get_payload::<String>().unwrap(),
+        "expired"
+    );
     assert_eq!(int(&mut r, &["EXISTS", "short"]), 0);
     assert_eq!(stat(&mut r, "lease_expirations"), 1);
 
@@ -103,7 +112,10 @@ fn replica_never_expires_or_grants_on_its_own_until_promoted() {
     let (reply, took) = w.join().unwrap();
     let t_new = as_int(&reply.unwrap());
     assert!(took < Duration::from_millis(1500), "{took:?}");
-    assert!(t_new > t_old, "token after failover {t_new} not above {t_old}");
+    assert!(
+        t_new > t_old,
+        "token after failover {t_new} not above {t_old}"
+    );
 }
 
 #[test]
@@ -124,4 +136,30 @@ fn chained_setstate_keeps_tokens_monotonic_after_failover() {
     let next = int(&mut r, &["RLOCK.ACQUIRE", "k0", "o"]);
     assert!(next > last, "{next} <= {last}");
     assert!(stat(&mut r, "last_token") >= last);
+}
+
+#[test]
+fn per_holder_expiry_on_the_master_replicates() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    int(
+        &mut m,
+        &["RWLOCK.ACQUIRE", "rw", "READ", "brief", "PX", "200"],
+    );
+    int(
+        &mut m,
+        &["RWLOCK.ACQUIRE", "rw", "READ", "stays", "PX", "60000"],
+    );
+    wait_until(Duration::from_secs(3), || {
+        stat(&mut m, "lease_expirations") == 1
+    });
+    wait_replicated(&mut m);
+    assert_eq!(digest(&mut m), digest(&mut r));
+    let info = info_map(&mut r, &["RWLOCK.INFO", "rw"]).unwrap();
+    match field(&info, "readers") {
+        Value::Array(readers) => assert_eq!(readers.len(), 1),
+        other => panic!("{other:?}"),
+    }
 }

@@ -763,3 +763,69 @@ fn locks_live_in_their_database() {
     let mut db0 = s.client();
     assert_eq!(int(&mut db0, &["EXISTS", "k"]), 0);
 }
+
+#[test]
+fn configs_can_be_set_like_redis_conf_lines() {
+    // Command-line `--name value` pairs are parsed exactly like redis.conf lines.
+    let s = Server::start_with(
+        &[
+            "--save",
+            "",
+            "--rlock.default-lease-ms",
+            "6000",
+            "--rlock.notify-channel",
+            "no",
+        ],
+        &[],
+    );
+    let mut c = s.client();
+    let cfg: Vec<String> = cmd("CONFIG")
+        .arg("GET")
+        .arg("rlock.*")
+        .query(&mut c)
+        .unwrap();
+    let pairs: Vec<(String, String)> = cfg
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    assert!(
+        pairs.contains(&("rlock.default-lease-ms".into(), "6000".into())),
+        "{pairs:?}"
+    );
+    assert!(
+        pairs.contains(&("rlock.notify-channel".into(), "no".into())),
+        "{pairs:?}"
+    );
+    assert!(
+        pairs.contains(&("rlock.notify-keyspace".into(), "yes".into())),
+        "{pairs:?}"
+    );
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl <= 6000 && pttl > 5000, "{pttl}");
+}
+
+#[test]
+fn lease_expiry_fires_a_keyspace_event() {
+    let s = Server::start();
+    let mut c = s.client();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kd")
+        .query(&mut c)
+        .unwrap();
+    let mut sub = s.client();
+    sub.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.subscribe("__keyspace@0__:k").unwrap();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "100"]);
+    assert_eq!(
+        ps.get_message().unwrap().get_payload::<String>().unwrap(),
+        "rlock.acquire"
+    );
+    assert_eq!(
+        ps.get_message().unwrap().get_payload::<String>().unwrap(),
+        "rlock.expire"
+    );
+}

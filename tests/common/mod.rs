@@ -13,12 +13,20 @@ pub use redis::{cmd, Connection, Value};
 
 pub fn module_path() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/librlock.so");
-    assert!(p.exists(), "{} is missing: run `cargo build --release` (make test does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --release` (make test does)",
+        p.display()
+    );
     p
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -45,7 +53,8 @@ impl Server {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut args: Vec<String> = vec!["--loadmodule".into(), module_path().display().to_string()];
+        let mut args: Vec<String> =
+            vec!["--loadmodule".into(), module_path().display().to_string()];
         args.extend(module_args.iter().map(|s| s.to_string()));
         args.extend(["--enable-debug-command", "yes"].map(String::from));
         args.extend(server_args.iter().map(|s| s.to_string()));
@@ -85,7 +94,11 @@ impl Server {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("redis-server exited ({status}); log:\n{}", self.log());
             }
-            assert!(Instant::now() < deadline, "redis-server did not start; log:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start; log:\n{}",
+                self.log()
+            );
             sleep(Duration::from_millis(20));
         }
     }
@@ -141,7 +154,11 @@ impl Server {
     /// Makes this server a replica of `master` and waits for the first sync.
     pub fn replicate_from(&self, master: &Server) {
         let mut c = self.client();
-        let _: () = cmd("REPLICAOF").arg("127.0.0.1").arg(master.port).query(&mut c).unwrap();
+        let _: () = cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.port)
+            .query(&mut c)
+            .unwrap();
         wait_until(Duration::from_secs(10), || {
             let info: String = cmd("INFO").arg("replication").query(&mut c).unwrap();
             info.contains("master_link_status:up")
@@ -161,7 +178,10 @@ impl Drop for Server {
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
-        assert!(Instant::now() < deadline, "condition not met within {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
         sleep(Duration::from_millis(5));
     }
 }
@@ -253,7 +273,10 @@ pub fn stat(c: &mut Connection, name: &str) -> i64 {
 }
 
 /// Runs a blocking command on its own connection and thread.
-pub fn spawn_call(server: &Server, args: &[&str]) -> std::thread::JoinHandle<(redis::RedisResult<Value>, Duration)> {
+pub fn spawn_call(
+    server: &Server,
+    args: &[&str],
+) -> std::thread::JoinHandle<(redis::RedisResult<Value>, Duration)> {
     let mut c = server.client();
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     std::thread::spawn(move || {
