@@ -25,7 +25,6 @@ run: build
 # Unit tests of the pure lock logic, then integration tests against real
 # redis-server processes that load $(SO).
 test: build
-	cargo test --release --lib
 	cargo test --release --tests -- --test-threads=4
 
 bench:
