@@ -44,6 +44,21 @@ struct Registry {
     queued: usize,
 }
 
+impl Registry {
+    /// A burst of waiters must not pin its peak size once everyone has left.
+    fn release_spare_capacity(&mut self) {
+        if self.records.is_empty() && self.records.capacity() > 64 {
+            self.records.shrink_to_fit();
+        }
+        if self.queued == 0
+            && self.queues.values().all(|q| q.is_empty())
+            && self.queues.capacity() > 8
+        {
+            self.queues = HashMap::new();
+        }
+    }
+}
+
 thread_local! {
     static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
 }
@@ -199,7 +214,11 @@ unsafe fn waiter_id(ctx: *mut Ctx) -> Option<u64> {
 /// A waiter left on its own (timeout, CLIENT UNBLOCK, disconnect): dequeue it,
 /// and if it was at the head let the lock serve whoever is now first.
 fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
-    let rec = with(|r| r.records.remove(&id))?;
+    let rec = with(|r| {
+        let rec = r.records.remove(&id);
+        r.release_spare_capacity();
+        rec
+    })?;
     if matches!(rec.status, Status::Waiting) {
         let reserve = with_queue(rec.db, &rec.key, |q| {
             let was_head = q.head_id() == Some(id);

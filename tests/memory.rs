@@ -1,0 +1,183 @@
+//! Memory comes back: the module allocates through Redis (RedisModule_Alloc),
+//! so `used_memory` counts every byte it holds. Park and drop 10,000 waiters,
+//! churn locks through every path, and the server returns to its baseline.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn used_memory(c: &mut Connection) -> i64 {
+    let info: String = cmd("INFO").arg("memory").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Memory after the server settled (client buffers freed, lazy frees done).
+fn settled_memory(c: &mut Connection) -> i64 {
+    std::thread::sleep(Duration::from_millis(200));
+    used_memory(c)
+}
+
+/// Memory once Redis has finished trimming its pools: two equal samples in a row.
+fn quiesced_memory(c: &mut Connection) -> i64 {
+    let mut last = used_memory(c);
+    for _ in 0..60 {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = used_memory(c);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("used_memory never settled (last {last})");
+}
+
+/// Redis 7.0 gives every blocked module client two pooled temporary clients
+/// (about 17 KB each) and trims that pool over a few seconds once they are
+/// gone, so "memory came back" means: back to the baseline within a while.
+fn wait_back_to(c: &mut Connection, baseline: i64, slack: i64) {
+    let mut last = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while std::time::Instant::now() < deadline {
+        last = used_memory(c);
+        if last - baseline < slack {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("memory not returned: baseline {baseline}, now {last}");
+}
+
+#[test]
+fn ten_thousand_disconnected_waiters_give_their_memory_back() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "holder"]);
+    int(&mut c, &["FAIRLOCK.ACQUIRE", "f", "holder"]);
+    let cold = settled_memory(&mut c);
+    let mut baseline = 0;
+    let mut peak = 0;
+    let mut after_first_batch = 0;
+    for batch in 0..11 {
+        let mut waiters = Vec::new();
+        for i in 0..1000 {
+            let mut w = s.client();
+            let key = if i % 2 == 0 { "k" } else { "f" };
+            let family = if i % 2 == 0 {
+                "RLOCK.ACQUIRE"
+            } else {
+                "FAIRLOCK.ACQUIRE"
+            };
+            let owner = format!("owner-{batch}-{i}-{}", "x".repeat(64));
+            w.send_packed_command(
+                &cmd(family)
+                    .arg(key)
+                    .arg(owner)
+                    .arg("BLOCK")
+                    .arg(0)
+                    .get_packed_command(),
+            )
+            .unwrap();
+            waiters.push(w);
+        }
+        wait_parked(&mut c, 1000);
+        peak = peak.max(used_memory(&mut c));
+        drop(waiters);
+        wait_until(Duration::from_secs(10), || stat(&mut c, "waiters") == 0);
+        if batch == 0 {
+            // Warm-up: hash tables of Redis and the module reach their working size.
+            baseline = quiesced_memory(&mut c);
+            assert!(
+                baseline - cold < 1_000_000,
+                "warm-up kept too much: {cold} -> {baseline}"
+            );
+            continue;
+        }
+        let settled = settled_memory(&mut c);
+        if batch == 1 {
+            after_first_batch = settled;
+        }
+        // A per-waiter leak grows with every batch; Redis's client pool does not.
+        assert!(
+            settled - after_first_batch < 200_000,
+            "batch {batch}: memory grows across batches: {after_first_batch} -> {settled}"
+        );
+    }
+    assert!(
+        peak > baseline + 1_000_000,
+        "1000 waiters should be visible: {baseline} -> {peak}"
+    );
+    wait_back_to(&mut c, baseline, 200_000);
+    // The locks and their (now empty) queues still work.
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "holder"]), 0);
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+}
+
+#[test]
+fn lock_churn_through_every_path_leaves_nothing_behind() {
+    let s = Server::start();
+    let mut c = s.client();
+    let mut baseline = 0;
+    // Round 0 warms up Redis's and the module's tables; rounds 1..=3 must not grow them.
+    for round in 0..4 {
+        if round == 1 {
+            baseline = quiesced_memory(&mut c);
+        }
+        for i in 0..300 {
+            let k = format!("churn:{i}");
+            int(&mut c, &["RLOCK.ACQUIRE", &k, "a", "PX", "60000"]);
+            int(&mut c, &["RLOCK.ACQUIRE", &k, "a"]);
+            int(&mut c, &["RLOCK.RENEW", &k, "a", "PX", "60000"]);
+            int(&mut c, &["RLOCK.RELEASE", &k, "a"]);
+            int(&mut c, &["RLOCK.RELEASE", &k, "a"]);
+            int(&mut c, &["RWLOCK.ACQUIRE", &k, "READ", "r1"]);
+            int(&mut c, &["RWLOCK.ACQUIRE", &k, "READ", "r2"]);
+            int(&mut c, &["RWLOCK.FORCERELEASE", &k]);
+            int(&mut c, &["FAIRLOCK.ACQUIRE", &k, "f", "PX", "50"]);
+            let _ = call(&mut c, &["RLOCK.RELEASE", &k, "nobody"]);
+            let _ = call(&mut c, &["RLOCK.ACQUIRE", &k, "", "PX", "1"]);
+        }
+        // Blocked waiters that time out, and ones that get the lock on expiry.
+        let waiters: Vec<_> = (0..20)
+            .map(|i| {
+                spawn_call(
+                    &s,
+                    &[
+                        "FAIRLOCK.ACQUIRE",
+                        &format!("churn:{i}"),
+                        "w",
+                        "BLOCK",
+                        "2000",
+                        "PX",
+                        "50",
+                    ],
+                )
+            })
+            .collect();
+        for w in waiters {
+            assert!(
+                matches!(w.join().unwrap().0.unwrap(), Value::Int(_)),
+                "round {round}"
+            );
+        }
+        wait_until(Duration::from_secs(5), || int(&mut c, &["DBSIZE"]) == 0);
+        int(&mut c, &["RLOCK.ACQUIRE", "held", "a"]);
+        let timeouts: Vec<_> = (0..20)
+            .map(|_| spawn_call(&s, &["RLOCK.ACQUIRE", "held", "w", "BLOCK", "20"]))
+            .collect();
+        for w in timeouts {
+            assert_eq!(w.join().unwrap().0.unwrap(), Value::Nil);
+        }
+        int(&mut c, &["RLOCK.FORCERELEASE", "held"]);
+        let _: () = cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    }
+    assert_eq!(stat(&mut c, "locks"), 0);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    wait_back_to(&mut c, baseline, 100_000);
+}
