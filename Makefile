@@ -1,7 +1,7 @@
 # rlock: build, run and test the Redis lock module.
 SO := target/release/librlock.so
 
-.PHONY: all deps build run test unit bench fmt lint clean
+.PHONY: all deps build run test test-valgrind bench fmt lint clean
 
 all: build
 
@@ -10,10 +10,19 @@ deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	dpkg -s libclang-dev >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
+	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+# redis-py, for the Python client example: pip (PEP 668 systems need
+# --break-system-packages), else Debian's python3-redis.
+	@python3 -c 'import redis' 2>/dev/null || { \
+		echo "installing: redis-py"; \
+		python3 -m pip install -q redis 2>/dev/null \
+		|| python3 -m pip install -q --break-system-packages redis 2>/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-redis; }; \
+		python3 -c 'import redis'; }
 
 build: deps
 	cargo build --release
@@ -23,12 +32,16 @@ run: build
 	redis-server redis.conf
 
 # Unit tests of the pure lock logic, then integration tests against real
-# redis-server processes that load $(SO).
+# redis-server processes that load $(SO), then the Python client example's tests.
 test: build
 	cargo test --release --tests -- --test-threads=4
+	python3 examples/python/test_rlock_client.py
 
-bench:
-	@echo "make bench: not yet (see the benchmark issue)"
+# Native locks against SET NX PX and Redisson-style Lua scripts (bench/lua/):
+# starts its own redis-server processes, writes BENCHMARKS.md at the repo root.
+# BENCH_QUICK=1 make bench: reduced sizes, a smoke run of a minute or two.
+bench: build
+	cargo run --release --example bench
 
 fmt:
 	cargo fmt --all
@@ -39,3 +52,10 @@ lint:
 
 clean:
 	cargo clean
+
+# The integration suites with every redis-server under valgrind memcheck: fails on
+# a definite leak or a memory error in module code. Slow; timing bounds are loose.
+test-valgrind: build
+	@command -v valgrind >/dev/null 2>&1 || apt-get install -y -qq valgrind
+	RLOCK_VALGRIND=1 cargo test --release --test rlock --test persistence --test replication \
+		--test fairlock --test rwlock -- --test-threads=2

@@ -262,6 +262,7 @@ fn commit(
     } else {
         let value = match slot {
             Slot::Existing(p) if unsafe { (*p).state.is_free() } => {
+                crate::lease::unwatch(db, name, unsafe { &mut *p });
                 unsafe { api!(RedisModule_DeleteKey)(key.raw) };
                 notify::forget_unlinked();
                 replicate_del(ctx, keyname);
@@ -284,10 +285,10 @@ fn commit(
         }
         for reason in &change.ended {
             notify::publish(ctx, db, name, *reason);
-            notify::keyspace(ctx, kind, notify::end_event(*reason), keyname);
+            notify::keyspace(ctx, kind, notify::Event::End(*reason), keyname);
         }
         if change.acquired {
-            notify::keyspace(ctx, kind, "acquire", keyname);
+            notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);
         }
         value
     };
@@ -297,6 +298,26 @@ fn commit(
 }
 
 fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
+    if let [h] = state.holders.as_slice() {
+        // The common case (every reentrant and fair lock) without building strings.
+        unsafe {
+            api!(RedisModule_Replicate)(
+                ctx,
+                SETSTATE.as_ptr(),
+                c"sccbllll".as_ptr(),
+                keyname,
+                kind_cstr(state.kind).as_ptr(),
+                c"1".as_ptr(),
+                h.owner.as_ptr(),
+                h.owner.len(),
+                h.reads as i64,
+                h.writes as i64,
+                h.token as i64,
+                h.deadline,
+            )
+        };
+        return;
+    }
     let args = setstate_args(state);
     let mut argv: Vec<*mut RStr> = vec![keyname];
     argv.extend(args.iter().map(|s| s.ptr()));
@@ -309,6 +330,14 @@ fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
             argv.len(),
         )
     };
+}
+
+fn kind_cstr(kind: Kind) -> &'static std::ffi::CStr {
+    match kind {
+        Kind::Reentrant => c"rlock",
+        Kind::Fair => c"fairlock",
+        Kind::ReadWrite => c"rwlock",
+    }
 }
 
 fn replicate_del(ctx: *mut Ctx, keyname: *mut RStr) {

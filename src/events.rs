@@ -51,6 +51,7 @@ unsafe extern "C" fn on_flush(
         }
         let info = &*(data as *const raw::RedisModuleFlushInfo);
         let db = (info.dbnum != -1).then_some(info.dbnum);
+        lease::forget_db(db);
         for (db, key) in blocking::queued_keys(db) {
             lease::schedule_serve(ctx, db, &key);
         }

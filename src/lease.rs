@@ -1,11 +1,12 @@
 //! Lease deadlines and the one module timer that enforces them.
 //!
-//! A min-heap holds (due, db, key) for every key with holders, due being the
-//! first millisecond at which its earliest hold is expired. A single Redis
-//! timer is armed for the heap's top, so an idle server with a million leased
-//! locks wakes only when a lease actually ends. Entries are validated lazily:
-//! the value remembers the due time of its live entry (`LockValue::armed`), and
-//! a popped entry that no longer matches is dropped.
+//! An ordered set holds (due, db, key) for every key with holders, due being
+//! the first millisecond at which its earliest hold is expired. A single Redis
+//! timer is armed for the first entry, so an idle server with a million leased
+//! locks wakes only when a lease actually ends. The value remembers the due
+//! time of its entry (`LockValue::armed`): the entry is removed when the key
+//! goes away (`unwatch`), and a renewal that only pushes the deadline later
+//! keeps the old entry, which then fires early, finds nothing due, and moves.
 //!
 //! The same timer also runs deferred "serve" passes (a waiter left the head of
 //! a queue, a lock key was deleted or expired under its waiters), because those
@@ -15,8 +16,7 @@
 //! schedule is rebuilt from the keyspace when loading ends and on promotion.
 
 use std::cell::RefCell;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::os::raw::c_void;
 
 use redis_module::raw;
@@ -26,7 +26,7 @@ use crate::store::LockValue;
 
 #[derive(Default)]
 struct Schedule {
-    expiries: BinaryHeap<Reverse<(i64, i32, Vec<u8>)>>,
+    expiries: BTreeSet<(i64, i32, Vec<u8>)>,
     serves: HashSet<(i32, Vec<u8>)>,
     /// The armed Redis timer and the time it fires at.
     timer: Option<(raw::RedisModuleTimerID, i64)>,
@@ -56,9 +56,33 @@ pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], value: &mut LockValue) {
     if value.armed != 0 && value.armed <= due {
         return;
     }
-    value.armed = due;
-    with(|s| s.expiries.push(Reverse((due, db, key.to_vec()))));
+    let old = std::mem::replace(&mut value.armed, due);
+    with(|s| {
+        if old != 0 {
+            s.expiries.remove(&(old, db, key.to_vec()));
+        }
+        s.expiries.insert((due, db, key.to_vec()));
+    });
     arm(ctx);
+}
+
+/// Drops the key's entry: its value is leaving the keyspace (released, deleted,
+/// expired or renamed by Redis). Main thread only.
+pub fn unwatch(db: i32, key: &[u8], value: &mut LockValue) {
+    let armed = std::mem::take(&mut value.armed);
+    if armed != 0 {
+        with(|s| s.expiries.remove(&(armed, db, key.to_vec())));
+    }
+}
+
+/// Deadlines being watched (one per lock key with holders, on a master).
+pub fn watched() -> usize {
+    SCHEDULE.with(|s| s.try_borrow().map(|s| s.expiries.len()).unwrap_or(0))
+}
+
+/// Forgets the entries of flushed databases (`None`: all of them).
+pub fn forget_db(db: Option<i32>) {
+    with(|s| s.expiries.retain(|(_, d, _)| db.is_some_and(|x| x != *d)));
 }
 
 /// Asks for a serve pass over a key's queue on the next turn of the event loop.
@@ -72,7 +96,7 @@ fn next_due(s: &Schedule) -> Option<i64> {
     if !s.serves.is_empty() {
         return Some(0);
     }
-    s.expiries.peek().map(|Reverse((due, _, _))| *due)
+    s.expiries.first().map(|(due, _, _)| *due)
 }
 
 /// (Re)arms the Redis timer for the earliest pending work.
@@ -102,12 +126,8 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
             s.timer = None;
             let serves: Vec<_> = s.serves.drain().collect();
             let mut due = Vec::new();
-            while let Some(Reverse((at, _, _))) = s.expiries.peek() {
-                if *at > now {
-                    break;
-                }
-                let Reverse(entry) = s.expiries.pop().expect("peeked");
-                due.push(entry);
+            while s.expiries.first().is_some_and(|(at, _, _)| *at <= now) {
+                due.extend(s.expiries.pop_first());
             }
             (serves, due)
         });
@@ -154,9 +174,8 @@ pub fn rebuild(ctx: *mut Ctx) {
             api!(RedisModule_ScanCursorDestroy)(cursor);
         }
         with(|s| {
-            for (key, due) in found {
-                s.expiries.push(Reverse((due, db, key)));
-            }
+            s.expiries
+                .extend(found.into_iter().map(|(key, due)| (due, db, key)))
         });
         db += 1;
     }

@@ -7,6 +7,7 @@
 mod blocking;
 mod commands;
 mod config;
+mod docs;
 mod engine;
 mod events;
 mod ffi;
@@ -102,7 +103,7 @@ fn register_commands(ctx: *mut Ctx) -> bool {
         .chain(internal.iter())
         .all(|(name, handler, flags)| {
             let (name, flags) = (CString::new(*name).unwrap(), CString::new(*flags).unwrap());
-            unsafe {
+            (unsafe {
                 api!(RedisModule_CreateCommand)(
                     ctx,
                     name.as_ptr(),
@@ -112,7 +113,7 @@ fn register_commands(ctx: *mut Ctx) -> bool {
                     1,
                     1,
                 ) == ffi::OK
-            }
+            }) && docs::describe(ctx, &name)
         })
 }
 

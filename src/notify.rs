@@ -25,12 +25,38 @@ pub fn publish(ctx: *mut Ctx, db: i32, key: &[u8], reason: EndReason) {
     unsafe { api!(RedisModule_PublishMessage)(ctx, channel.ptr(), message.ptr()) };
 }
 
-/// Fires `<family>.<event>` (e.g. `rlock.acquire`) on the key, class `d`.
-pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: &str, keyname: *mut RStr) {
+/// What happened to a lock, as a keyspace event.
+#[derive(Clone, Copy)]
+pub enum Event {
+    Acquire,
+    End(EndReason),
+}
+
+/// `<family>.<event>`, e.g. `rlock.acquire`.
+fn event_name(kind: Kind, event: Event) -> &'static CStr {
+    use EndReason::*;
+    match (kind, event) {
+        (Kind::Reentrant, Event::Acquire) => c"rlock.acquire",
+        (Kind::Reentrant, Event::End(Released)) => c"rlock.release",
+        (Kind::Reentrant, Event::End(Expired)) => c"rlock.expire",
+        (Kind::Reentrant, Event::End(Forced)) => c"rlock.force",
+        (Kind::Fair, Event::Acquire) => c"fairlock.acquire",
+        (Kind::Fair, Event::End(Released)) => c"fairlock.release",
+        (Kind::Fair, Event::End(Expired)) => c"fairlock.expire",
+        (Kind::Fair, Event::End(Forced)) => c"fairlock.force",
+        (Kind::ReadWrite, Event::Acquire) => c"rwlock.acquire",
+        (Kind::ReadWrite, Event::End(Released)) => c"rwlock.release",
+        (Kind::ReadWrite, Event::End(Expired)) => c"rwlock.expire",
+        (Kind::ReadWrite, Event::End(Forced)) => c"rwlock.force",
+    }
+}
+
+/// Fires the event on the key, class `d` (subject to notify-keyspace-events).
+pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: Event, keyname: *mut RStr) {
     if !config::notify_keyspace() {
         return;
     }
-    let name = std::ffi::CString::new(format!("{}.{event}", kind.name())).unwrap_or_default();
+    let name = event_name(kind, event);
     unsafe {
         api!(RedisModule_NotifyKeyspaceEvent)(
             ctx,
@@ -39,14 +65,6 @@ pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: &str, keyname: *mut RStr) {
             keyname,
         )
     };
-}
-
-pub fn end_event(reason: EndReason) -> &'static str {
-    match reason {
-        EndReason::Released => "release",
-        EndReason::Expired => "expire",
-        EndReason::Forced => "force",
-    }
 }
 
 /// The lock key Redis is removing right now, seen by the type's unlink hook
@@ -65,9 +83,12 @@ thread_local! {
 /// The type's unlink2 hook: remember what was there until the event arrives.
 pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     crate::ffi::contained("unlink hook", (), || {
-        let v = &*(value as *const crate::store::LockValue);
+        // Redis hands the value as const, but it is ours until `free`, and the
+        // lease entry of a key that leaves the keyspace must go with it.
+        let v = &mut *(value as *mut crate::store::LockValue);
         let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx)).to_vec();
         let db = api!(RedisModule_GetDbIdFromOptCtx)(octx);
+        crate::lease::unwatch(db, &key, v);
         let record = Unlinked {
             db,
             key,
@@ -101,7 +122,7 @@ pub unsafe extern "C" fn on_keyspace_event(
             if CStr::from_ptr(event).to_bytes() == b"expired" {
                 stats::bump(&stats::LEASE_EXPIRATIONS, u.holders as u64);
                 publish(ctx, db, key, EndReason::Expired);
-                keyspace(ctx, u.kind, end_event(EndReason::Expired), keyname);
+                keyspace(ctx, u.kind, Event::End(EndReason::Expired), keyname);
             }
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {

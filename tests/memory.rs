@@ -63,7 +63,7 @@ fn ten_thousand_disconnected_waiters_give_their_memory_back() {
     let cold = settled_memory(&mut c);
     let mut baseline = 0;
     let mut peak = 0;
-    let mut after_first_batch = 0;
+    let mut first_peak = 0;
     for batch in 0..11 {
         let mut waiters = Vec::new();
         for i in 0..1000 {
@@ -87,27 +87,27 @@ fn ten_thousand_disconnected_waiters_give_their_memory_back() {
             waiters.push(w);
         }
         wait_parked(&mut c, 1000);
-        peak = peak.max(used_memory(&mut c));
+        // With all 1000 parked, Redis's temp-client pool is fully in use, so
+        // the peak is the same every batch unless something leaks per waiter.
+        let this_peak = used_memory(&mut c);
         drop(waiters);
         wait_until(Duration::from_secs(10), || stat(&mut c, "waiters") == 0);
-        if batch == 0 {
-            // Warm-up: hash tables of Redis and the module reach their working size.
-            baseline = quiesced_memory(&mut c);
-            assert!(
-                baseline - cold < 1_000_000,
-                "warm-up kept too much: {cold} -> {baseline}"
-            );
-            continue;
+        match batch {
+            0 => {
+                // Warm-up: hash tables of Redis and the module reach their working size.
+                baseline = quiesced_memory(&mut c);
+                assert!(
+                    baseline - cold < 1_000_000,
+                    "warm-up kept too much: {cold} -> {baseline}"
+                );
+            }
+            1 => first_peak = this_peak,
+            _ => assert!(
+                this_peak - first_peak < 300_000,
+                "batch {batch}: memory grows across batches: peak {first_peak} -> {this_peak}"
+            ),
         }
-        let settled = settled_memory(&mut c);
-        if batch == 1 {
-            after_first_batch = settled;
-        }
-        // A per-waiter leak grows with every batch; Redis's client pool does not.
-        assert!(
-            settled - after_first_batch < 200_000,
-            "batch {batch}: memory grows across batches: {after_first_batch} -> {settled}"
-        );
+        peak = peak.max(this_peak);
     }
     assert!(
         peak > baseline + 1_000_000,

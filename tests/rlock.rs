@@ -829,3 +829,44 @@ fn lease_expiry_fires_a_keyspace_event() {
         "rlock.expire"
     );
 }
+
+#[test]
+fn the_lease_schedule_tracks_only_live_locks() {
+    let s = Server::start();
+    let mut c = s.client();
+    // Default 30 s leases: ended holds must not leave entries behind for 30 s.
+    for i in 0..2000 {
+        let k = format!("k{}", i % 7);
+        int(&mut c, &["RLOCK.ACQUIRE", &k, "a"]);
+        int(&mut c, &["RLOCK.RENEW", &k, "a", "PX", "60000"]);
+        int(&mut c, &["RLOCK.RELEASE", &k, "a"]);
+    }
+    assert_eq!(stat(&mut c, "lease_schedule"), 0);
+    for i in 0..10 {
+        int(&mut c, &["RLOCK.ACQUIRE", &format!("held{i}"), "a"]);
+    }
+    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r1", "PX", "300"]);
+    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r2"]);
+    assert_eq!(stat(&mut c, "lease_schedule"), 11);
+    // Keys removed by Redis (DEL, RENAME, FLUSHDB) take their entries with them.
+    assert_eq!(int(&mut c, &["DEL", "held0", "held1"]), 2);
+    let _: () = cmd("RENAME")
+        .arg("held2")
+        .arg("moved")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(stat(&mut c, "lease_schedule"), 8);
+    // The renamed lock is watched again once touched, and still ends on time.
+    int(&mut c, &["RLOCK.RENEW", "moved", "a", "PX", "100"]);
+    assert_eq!(stat(&mut c, "lease_schedule"), 9);
+    wait_until(Duration::from_secs(3), || {
+        int(&mut c, &["EXISTS", "moved"]) == 0
+    });
+    // The reader's own expiry re-arms the key for the other reader.
+    wait_until(Duration::from_secs(3), || {
+        stat(&mut c, "lease_expirations") >= 2
+    });
+    assert_eq!(stat(&mut c, "lease_schedule"), 8);
+    let _: () = cmd("FLUSHDB").query(&mut c).unwrap();
+    assert_eq!(stat(&mut c, "lease_schedule"), 0);
+}

@@ -71,7 +71,21 @@ impl Server {
     fn spawn(&mut self, port: u16) {
         self.port = port;
         let log = std::fs::File::create(self.dir.join("redis.log")).unwrap();
-        let child = Command::new("redis-server")
+        let mut command = if valgrind() {
+            let mut v = Command::new("valgrind");
+            v.arg("--leak-check=full")
+                .arg("--show-leak-kinds=definite")
+                .arg("--soname-synonyms=somalloc=*jemalloc*")
+                .arg(format!(
+                    "--log-file={}",
+                    self.dir.join(format!("valgrind-{port}-%p.log")).display()
+                ))
+                .arg("redis-server");
+            v
+        } else {
+            Command::new("redis-server")
+        };
+        let child = command
             .arg("--port")
             .arg(port.to_string())
             .arg("--bind")
@@ -84,7 +98,7 @@ impl Server {
             .spawn()
             .expect("redis-server must be installed (make deps)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(if valgrind() { 60 } else { 10 });
         loop {
             if let Ok(mut c) = self.try_client() {
                 if cmd("PING").query::<String>(&mut c).is_ok() {
@@ -166,8 +180,81 @@ impl Server {
     }
 }
 
+/// `RLOCK_VALGRIND=1` runs every server under valgrind's memcheck; each server
+/// is then shut down cleanly and its report checked (see `make test-valgrind`).
+pub fn valgrind() -> bool {
+    std::env::var_os("RLOCK_VALGRIND").is_some_and(|v| v == "1")
+}
+
+impl Server {
+    /// Shuts a valgrind-run server down cleanly and fails on a definite leak or
+    /// any memory error whose stack passes through the module.
+    fn check_valgrind(&mut self) {
+        if let Ok(mut c) = self.try_client() {
+            let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        for entry in std::fs::read_dir(&self.dir).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("valgrind-") {
+                continue;
+            }
+            let report = std::fs::read_to_string(entry.path()).unwrap();
+            let definite_leak = report
+                .lines()
+                .any(|l| l.contains("definitely lost:") && !l.contains("definitely lost: 0 bytes"));
+            let module_error = valgrind_errors(&report)
+                .iter()
+                .any(|block| is_memory_error(block) && block.contains("librlock"));
+            assert!(
+                !definite_leak && !module_error,
+                "valgrind found a problem ({name}):\n{report}"
+            );
+        }
+    }
+}
+
+/// The error blocks of a valgrind report: a headline ("Invalid read of size 8")
+/// followed by its indented stack lines.
+fn valgrind_errors(report: &str) -> Vec<String> {
+    let mut blocks: Vec<String> = Vec::new();
+    for line in report.lines() {
+        let body = line.split_once("== ").map(|(_, b)| b).unwrap_or("");
+        if body.is_empty() {
+            continue;
+        }
+        if body.starts_with(' ') {
+            if let Some(b) = blocks.last_mut() {
+                b.push_str(body);
+                b.push('\n');
+            }
+        } else {
+            blocks.push(format!("{body}\n"));
+        }
+    }
+    blocks
+}
+
+fn is_memory_error(block: &str) -> bool {
+    const HEADLINES: [&str; 6] = [
+        "Invalid",
+        "uninitialised",
+        "Conditional jump",
+        "Mismatched",
+        "overlap",
+        "Syscall param",
+    ];
+    let headline = block.lines().next().unwrap_or("");
+    HEADLINES.iter().any(|h| headline.contains(h))
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
+        if valgrind() && !std::thread::panicking() && self.child.is_some() {
+            self.check_valgrind();
+        }
         self.kill();
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);

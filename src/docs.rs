@@ -1,0 +1,585 @@
+//! Command metadata for `COMMAND INFO` / `COMMAND DOCS`: summary, complexity,
+//! arity, key specs and the argument tree of every command, set with
+//! `RedisModule_SetCommandInfo` right after the command is created.
+//!
+//! The three families share one description (`COMMANDS`); a `Family` fills in
+//! what differs (name prefix, what kind of lock it is, the READ|WRITE word of
+//! RWLOCK, costs). `RLOCK.SETSTATE` has its own entry.
+//!
+//! ABI notes (checked against Redis 7.0.15's module.c and redismodule.h):
+//! - `RedisModule_CurrentCommandInfoVersion` is a `static const` in the C
+//!   header, not an exported symbol, so we build the version struct ourselves:
+//!   version 1 with the sizes of the structs we pass. Redis walks the arrays
+//!   with those sizes. The bindgen'd `RedisModuleCommandArg` is the 7.2+ layout
+//!   (an extra trailing `display_text`); 7.0 reads only the fields it knows, at
+//!   the same offsets, so the one layout fits both.
+//! - Redis copies everything (`zstrdup` of every string, `moduleCopyCommandArgs`
+//!   for the argument tree, key specs into its own array), so the buffers built
+//!   here only have to live for the duration of the call and are dropped right
+//!   after it, once per command at load.
+//! - The arity set here makes Redis reject wrong argument counts itself, with
+//!   its own `ERR wrong number of arguments for '<name>' command`. The handlers
+//!   keep their own checks (they are still reached on servers without this API).
+
+use std::ffi::{CStr, CString};
+use std::mem::size_of;
+use std::os::raw::{c_char, c_int};
+use std::ptr;
+
+use redis_module::raw;
+
+use crate::ffi::{self, Ctx};
+
+/// The module version that introduced every command.
+const SINCE: &str = "1.0.0";
+
+const OPTIONAL: u32 = raw::REDISMODULE_CMD_ARG_OPTIONAL;
+const MULTIPLE: u32 = raw::REDISMODULE_CMD_ARG_MULTIPLE;
+
+/// Key-spec flags (`REDISMODULE_CMD_KEY_*`).
+const KEY_RO: u64 = raw::REDISMODULE_CMD_KEY_RO as u64;
+const KEY_RW: u64 = raw::REDISMODULE_CMD_KEY_RW as u64;
+const KEY_OW: u64 = raw::REDISMODULE_CMD_KEY_OW as u64;
+const KEY_ACCESS: u64 = raw::REDISMODULE_CMD_KEY_ACCESS as u64;
+const KEY_UPDATE: u64 = raw::REDISMODULE_CMD_KEY_UPDATE as u64;
+const KEY_DELETE: u64 = raw::REDISMODULE_CMD_KEY_DELETE as u64;
+
+/// The type of an argument, with the sub-arguments of groups.
+#[derive(Clone, Copy)]
+enum Type {
+    Key,
+    String,
+    Integer,
+    UnixTime,
+    /// A word with no value (`token` is the word).
+    PureToken,
+    /// Exactly one of the sub-arguments.
+    OneOf(&'static [Arg]),
+    /// The sub-arguments together.
+    Block(&'static [Arg]),
+}
+
+/// One argument as `COMMAND DOCS` shows it.
+#[derive(Clone, Copy)]
+struct Arg {
+    name: &'static str,
+    ty: Type,
+    token: Option<&'static str>,
+    summary: Option<&'static str>,
+    /// `REDISMODULE_CMD_ARG_*`.
+    flags: u32,
+}
+
+const fn arg(name: &'static str, ty: Type, summary: &'static str) -> Arg {
+    Arg {
+        name,
+        ty,
+        token: None,
+        summary: Some(summary),
+        flags: 0,
+    }
+}
+
+const fn token(word: &'static str, name: &'static str, ty: Type, summary: &'static str) -> Arg {
+    Arg {
+        token: Some(word),
+        ..arg(name, ty, summary)
+    }
+}
+
+const fn optional(a: Arg) -> Arg {
+    Arg {
+        flags: a.flags | OPTIONAL,
+        ..a
+    }
+}
+
+const KEY: Arg = arg("key", Type::Key, "the lock key");
+const OWNER: Arg = arg(
+    "owner",
+    Type::String,
+    "non-empty name of the holder, e.g. <client-uuid>:<thread-id>",
+);
+/// `[PX milliseconds | EX seconds]`
+const LEASE: Arg = optional(arg(
+    "lease",
+    Type::OneOf(&[
+        token("PX", "milliseconds", Type::Integer, "lease in milliseconds"),
+        token("EX", "seconds", Type::Integer, "lease in seconds"),
+    ]),
+    "lease of the hold; default rlock.default-lease-ms",
+));
+/// `[BLOCK timeout]`
+const BLOCK: Arg = optional(token(
+    "BLOCK",
+    "timeout",
+    Type::Integer,
+    "milliseconds to wait on the server for the lock; 0 waits forever",
+));
+/// `READ | WRITE` (RWLOCK only)
+const MODE: Arg = arg(
+    "mode",
+    Type::OneOf(&[
+        token("READ", "read", Type::PureToken, "shared access"),
+        token("WRITE", "write", Type::PureToken, "exclusive access"),
+    ]),
+    "READ (shared) or WRITE (exclusive)",
+);
+
+/// What differs between the lock families.
+struct Family {
+    prefix: &'static str,
+    /// Fills `{lock}` in summaries.
+    lock: &'static str,
+    /// RWLOCK: `READ|WRITE` follows the key in ACQUIRE and RELEASE.
+    has_mode: bool,
+    /// Fills `{H}` in complexities: the cost of touching the lock's holders.
+    holders_cost: &'static str,
+    info_cost: &'static str,
+}
+
+const FAMILIES: [Family; 3] = [
+    Family {
+        prefix: "rlock",
+        lock: "reentrant lock",
+        has_mode: false,
+        holders_cost: "O(1)",
+        info_cost: "O(1)",
+    },
+    Family {
+        prefix: "fairlock",
+        lock: "fair (first-come, first-served) lock",
+        has_mode: false,
+        holders_cost: "O(1)",
+        info_cost: "O(W) where W is the number of queued waiters",
+    },
+    Family {
+        prefix: "rwlock",
+        lock: "read-write lock",
+        has_mode: true,
+        holders_cost: "O(H) where H is the number of owners holding the lock",
+        info_cost: "O(H) where H is the number of owners holding the lock",
+    },
+];
+
+/// One command of every family.
+struct Command {
+    /// After the family prefix and the dot.
+    name: &'static str,
+    /// `{lock}` is replaced by the family's `lock`.
+    summary: &'static str,
+    /// `{H}` is replaced by the family's `holders_cost`; `None`: the family's `info_cost`.
+    complexity: Option<&'static str>,
+    /// Without the mode word (RWLOCK adds one argument when `mode` is set).
+    arity: c_int,
+    /// Whether RWLOCK's `READ|WRITE` follows the key.
+    mode: bool,
+    key_flags: u64,
+    tips: Option<&'static str>,
+    /// The arguments after the key (and mode).
+    args: &'static [Arg],
+}
+
+const LEASE_COST: &str = "{H}, plus O(log L) when a new lease deadline is scheduled, L being the number of leased lock keys";
+
+const COMMANDS: [Command; 5] = [
+    Command {
+        name: "acquire",
+        summary: "Acquires a {lock} for an owner (again, if it already holds it), or waits for it on the server with BLOCK. Returns a fencing token, or nil when not granted.",
+        complexity: Some(LEASE_COST),
+        arity: -3,
+        mode: true,
+        // Creates the lock, adds or extends a hold, and returns the tenure's token.
+        key_flags: KEY_RW | KEY_ACCESS | KEY_UPDATE,
+        tips: Some("nondeterministic_output"),
+        args: &[OWNER, LEASE, BLOCK],
+    },
+    Command {
+        name: "release",
+        summary: "Releases one hold of a {lock} by an owner; when the owner's last hold ends, the next waiter is granted the lock. Returns the owner's remaining holds.",
+        complexity: Some("{H}, plus O(G) for the G waiters granted the lock"),
+        arity: 3,
+        mode: true,
+        key_flags: KEY_RW | KEY_DELETE,
+        tips: None,
+        args: &[OWNER],
+    },
+    Command {
+        name: "renew",
+        summary: "Resets the lease of an owner's holds of a {lock} (the watchdog call).",
+        complexity: Some(LEASE_COST),
+        arity: -3,
+        mode: false,
+        key_flags: KEY_RW | KEY_UPDATE,
+        tips: None,
+        args: &[OWNER, LEASE],
+    },
+    Command {
+        name: "forcerelease",
+        summary: "Ends every hold of a {lock} regardless of owner and grants the lock to the next waiters. Returns 1 if a hold ended, else 0.",
+        complexity: Some("{H}, plus O(G) for the G waiters granted the lock"),
+        arity: 2,
+        mode: false,
+        key_flags: KEY_RW | KEY_DELETE,
+        tips: None,
+        args: &[],
+    },
+    Command {
+        name: "info",
+        summary: "Describes a {lock}: holders, holds, fencing tokens, time to live and waiters. Returns nil when nobody holds it.",
+        complexity: None,
+        arity: 2,
+        mode: false,
+        key_flags: KEY_RO | KEY_ACCESS,
+        tips: Some("nondeterministic_output"),
+        args: &[],
+    },
+];
+
+/// `RLOCK.SETSTATE key kind count [owner reads writes token deadline ...]`
+const SETSTATE: Command = Command {
+    name: "setstate",
+    summary: "Sets the whole state of a lock key (internal: sent by a master to its replicas and written by AOF rewrite; refused from other clients).",
+    complexity: Some("O(N) where N is the number of holders"),
+    arity: -4,
+    mode: false,
+    // Replaces the value, or deletes the key when count is 0.
+    key_flags: KEY_OW | KEY_UPDATE,
+    tips: None,
+    args: &[
+        arg("kind", Type::String, "rlock, fairlock or rwlock"),
+        arg("count", Type::Integer, "number of holders that follow"),
+        Arg {
+            flags: OPTIONAL | MULTIPLE,
+            ..arg(
+                "holder",
+                Type::Block(&[
+                    arg("owner", Type::String, "the holder"),
+                    arg("reads", Type::Integer, "READ holds"),
+                    arg("writes", Type::Integer, "WRITE (exclusive) holds"),
+                    arg("token", Type::Integer, "fencing token of the tenure"),
+                    arg(
+                        "deadline",
+                        Type::UnixTime,
+                        "absolute lease deadline, unix time in milliseconds",
+                    ),
+                ]),
+                "one holder of the lock",
+            )
+        },
+    ],
+};
+
+/// Plain data, filled out of the description, before it is laid out for C.
+struct Doc {
+    summary: String,
+    complexity: String,
+    arity: c_int,
+    key_flags: u64,
+    tips: Option<&'static str>,
+    /// Includes the key.
+    args: Vec<Arg>,
+}
+
+fn family_doc(family: &Family, command: &Command) -> Doc {
+    let with_mode = family.has_mode && command.mode;
+    let mut args = vec![KEY];
+    if with_mode {
+        args.push(MODE);
+    }
+    args.extend_from_slice(command.args);
+    let arity = match (with_mode, command.arity) {
+        (false, a) => a,
+        (true, a) if a < 0 => a - 1,
+        (true, a) => a + 1,
+    };
+    let complexity = match command.complexity {
+        Some(c) => c.replace("{H}", family.holders_cost),
+        None => family.info_cost.to_string(),
+    };
+    Doc {
+        summary: command.summary.replace("{lock}", family.lock),
+        complexity,
+        arity,
+        key_flags: command.key_flags,
+        tips: command.tips,
+        args,
+    }
+}
+
+/// The description of a command by its full name (lowercase), if it has one.
+fn doc_for(name: &str) -> Option<Doc> {
+    let (prefix, rest) = name.split_once('.')?;
+    if prefix == "rlock" && rest == SETSTATE.name {
+        return Some(Doc {
+            summary: SETSTATE.summary.to_string(),
+            complexity: SETSTATE.complexity.unwrap_or_default().to_string(),
+            arity: SETSTATE.arity,
+            key_flags: SETSTATE.key_flags,
+            tips: SETSTATE.tips,
+            args: [&[KEY][..], SETSTATE.args].concat(),
+        });
+    }
+    let family = FAMILIES.iter().find(|f| f.prefix == prefix)?;
+    let command = COMMANDS.iter().find(|c| c.name == rest)?;
+    Some(family_doc(family, command))
+}
+
+/// Owns every string and array a `RedisModuleCommandInfo` points into, until
+/// `RedisModule_SetCommandInfo` has copied them.
+#[derive(Default)]
+struct Layout {
+    strings: Vec<CString>,
+    arg_arrays: Vec<Vec<raw::RedisModuleCommandArg>>,
+}
+
+impl Layout {
+    fn string(&mut self, s: &str) -> *const c_char {
+        // The tables hold no NUL; an empty string is the harmless fallback.
+        let c = CString::new(s).unwrap_or_default();
+        let p = c.as_ptr();
+        self.strings.push(c); // moving the CString keeps its heap buffer in place
+        p
+    }
+
+    fn opt_string(&mut self, s: Option<&str>) -> *const c_char {
+        s.map_or(ptr::null(), |s| self.string(s))
+    }
+
+    /// A zero-terminated array of arguments (and, recursively, sub-arguments).
+    fn args(&mut self, args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
+        let mut array: Vec<raw::RedisModuleCommandArg> = args.iter().map(|a| self.arg(a)).collect();
+        array.push(zeroed_arg());
+        let p = array.as_mut_ptr();
+        self.arg_arrays.push(array); // the Vec's buffer does not move with it
+        p
+    }
+
+    fn arg(&mut self, a: &Arg) -> raw::RedisModuleCommandArg {
+        let (type_, subargs) = match a.ty {
+            Type::Key => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+                None,
+            ),
+            Type::String => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+                None,
+            ),
+            Type::Integer => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+                None,
+            ),
+            Type::UnixTime => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_UNIX_TIME,
+                None,
+            ),
+            Type::PureToken => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+                None,
+            ),
+            Type::OneOf(sub) => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
+                Some(sub),
+            ),
+            Type::Block(sub) => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+                Some(sub),
+            ),
+        };
+        raw::RedisModuleCommandArg {
+            name: self.string(a.name),
+            type_,
+            // Every command has one key spec, index 0; -1 for non-key arguments.
+            key_spec_index: if matches!(a.ty, Type::Key) { 0 } else { -1 },
+            token: self.opt_string(a.token),
+            summary: self.opt_string(a.summary),
+            since: ptr::null(),
+            flags: a.flags as c_int,
+            deprecated_since: ptr::null(),
+            subargs: subargs.map_or(ptr::null_mut(), |s| self.args(s)),
+            display_text: ptr::null(),
+        }
+    }
+}
+
+fn zeroed_arg() -> raw::RedisModuleCommandArg {
+    raw::RedisModuleCommandArg {
+        name: ptr::null(),
+        type_: 0,
+        key_spec_index: 0,
+        token: ptr::null(),
+        summary: ptr::null(),
+        since: ptr::null(),
+        flags: 0,
+        deprecated_since: ptr::null(),
+        subargs: ptr::null_mut(),
+        display_text: ptr::null(),
+    }
+}
+
+/// The one key, at argv[1]: begin search at index 1, a range of one key.
+fn key_specs(flags: u64) -> [raw::RedisModuleCommandKeySpec; 2] {
+    let key = raw::RedisModuleCommandKeySpec {
+        notes: ptr::null(),
+        flags,
+        begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
+        bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+            index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
+        },
+        find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
+        fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                lastkey: 0,
+                keystep: 1,
+                limit: 0,
+            },
+        },
+    };
+    // Terminated by an entry whose begin_search_type is 0 (INVALID).
+    let end = raw::RedisModuleCommandKeySpec {
+        notes: ptr::null(),
+        flags: 0,
+        begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INVALID,
+        bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+            index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 0 },
+        },
+        find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_OMITTED,
+        fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                lastkey: 0,
+                keystep: 0,
+                limit: 0,
+            },
+        },
+    };
+    [key, end]
+}
+
+/// Version 1 of the command-info ABI with the sizes of the structs we pass
+/// (what `REDISMODULE_COMMAND_INFO_VERSION` points to in C).
+const INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleCommandInfoVersion {
+    version: 1,
+    sizeof_historyentry: size_of::<raw::RedisModuleCommandHistoryEntry>(),
+    sizeof_keyspec: size_of::<raw::RedisModuleCommandKeySpec>(),
+    sizeof_arg: size_of::<raw::RedisModuleCommandArg>(),
+};
+
+/// Sets the docs, arity and key spec of the command just created as `name`.
+///
+/// Returns false only when Redis refuses the description (a bug in the tables
+/// above, logged by Redis with the reason). On a server without the API (before
+/// 7.0) it does nothing: the command keeps its legacy (1, 1, 1) key positions.
+pub fn describe(ctx: *mut Ctx, name: &CStr) -> bool {
+    ffi::contained("command docs", false, || unsafe {
+        describe_inner(ctx, name)
+    })
+}
+
+unsafe fn describe_inner(ctx: *mut Ctx, name: &CStr) -> bool {
+    let (Some(get_command), Some(set_info)) =
+        (raw::RedisModule_GetCommand, raw::RedisModule_SetCommandInfo)
+    else {
+        return true;
+    };
+    let Some(doc) = name.to_str().ok().and_then(doc_for) else {
+        ffi::log_warning(&format!("rlock: no command docs for {name:?}"));
+        return false;
+    };
+    let command = get_command(ctx, name.as_ptr());
+    if command.is_null() {
+        return false;
+    }
+    let mut layout = Layout::default();
+    let mut specs = key_specs(doc.key_flags);
+    let version = INFO_VERSION;
+    let info = raw::RedisModuleCommandInfo {
+        version: &version,
+        summary: layout.string(&doc.summary),
+        complexity: layout.string(&doc.complexity),
+        since: layout.string(SINCE),
+        history: ptr::null_mut(),
+        tips: layout.opt_string(doc.tips),
+        arity: doc.arity,
+        key_specs: specs.as_mut_ptr(),
+        args: layout.args(&doc.args),
+    };
+    let ok = set_info(command, &info) == ffi::OK;
+    if !ok {
+        ffi::log_warning(&format!(
+            "rlock: Redis refused the command docs of {name:?}"
+        ));
+    }
+    // Redis has copied everything it keeps; `layout` and `specs` are freed here.
+    drop(layout);
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [&str; 16] = [
+        "rlock.acquire",
+        "rlock.release",
+        "rlock.renew",
+        "rlock.forcerelease",
+        "rlock.info",
+        "fairlock.acquire",
+        "fairlock.release",
+        "fairlock.renew",
+        "fairlock.forcerelease",
+        "fairlock.info",
+        "rwlock.acquire",
+        "rwlock.release",
+        "rwlock.renew",
+        "rwlock.forcerelease",
+        "rwlock.info",
+        "rlock.setstate",
+    ];
+
+    #[test]
+    fn every_command_is_described() {
+        for name in ALL {
+            let doc = doc_for(name).unwrap_or_else(|| panic!("{name}"));
+            assert!(!doc.summary.contains('{'), "{name}: {}", doc.summary);
+            assert!(!doc.complexity.contains('{'), "{name}: {}", doc.complexity);
+            assert_eq!(doc.args[0].name, "key");
+        }
+        assert!(doc_for("rlock.nope").is_none());
+        assert!(doc_for("other.acquire").is_none());
+    }
+
+    #[test]
+    fn rwlock_has_the_mode_word() {
+        let names =
+            |n: &str| -> Vec<&str> { doc_for(n).unwrap().args.iter().map(|a| a.name).collect() };
+        assert_eq!(
+            names("rwlock.acquire"),
+            ["key", "mode", "owner", "lease", "timeout"]
+        );
+        assert_eq!(names("rwlock.release"), ["key", "mode", "owner"]);
+        assert_eq!(names("rwlock.renew"), ["key", "owner", "lease"]);
+        assert_eq!(names("rlock.acquire"), ["key", "owner", "lease", "timeout"]);
+        assert_eq!(doc_for("rwlock.acquire").unwrap().arity, -4);
+        assert_eq!(doc_for("rwlock.release").unwrap().arity, 4);
+        assert_eq!(doc_for("rwlock.renew").unwrap().arity, -3);
+        assert_eq!(doc_for("fairlock.release").unwrap().arity, 3);
+    }
+
+    #[test]
+    fn layout_is_zero_terminated() {
+        let mut layout = Layout::default();
+        let doc = doc_for("rwlock.acquire").unwrap();
+        let p = layout.args(&doc.args);
+        let args = unsafe { std::slice::from_raw_parts(p, doc.args.len() + 1) };
+        assert!(args[doc.args.len()].name.is_null());
+        let mode = &args[1];
+        let sub = unsafe { std::slice::from_raw_parts(mode.subargs, 3) };
+        let token = |a: &raw::RedisModuleCommandArg| unsafe { CStr::from_ptr(a.token) };
+        assert_eq!(token(&sub[0]), c"READ");
+        assert_eq!(token(&sub[1]), c"WRITE");
+        assert!(sub[2].name.is_null());
+        assert_eq!(args[0].key_spec_index, 0);
+        assert_eq!(args[2].key_spec_index, -1);
+    }
+}
