@@ -184,7 +184,7 @@ fn apply(
                 Admission::Upgrade => return Reply::err(UPGRADE_ERR),
                 Admission::Reentrant => true,
                 // A newcomer never overtakes a queued waiter.
-                Admission::Fresh => blocking::queue_len(db, name) == 0,
+                Admission::Fresh => !blocking::any_queued() || blocking::queue_len(db, name) == 0,
                 Admission::Busy => false,
             };
             if granted {

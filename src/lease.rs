@@ -24,6 +24,9 @@ use redis_module::raw;
 use crate::ffi::{api, is_loading, is_master, now_ms, Ctx};
 use crate::store::LockValue;
 
+/// Longest single wait of the Redis timer (one hour).
+const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
+
 #[derive(Default)]
 struct Schedule {
     expiries: BTreeSet<(i64, i32, Vec<u8>)>,
@@ -113,7 +116,10 @@ fn arm(ctx: *mut Ctx) {
         if let Some((id, _)) = old {
             api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut());
         }
-        let delay = (due - now_ms()).max(0);
+        // Redis turns the delay into microseconds on its own clock: a lease
+        // decades long would overflow it and fire at once, forever. A capped
+        // timer that fires early finds nothing due and re-arms.
+        let delay = due.saturating_sub(now_ms()).clamp(0, MAX_TIMER_DELAY_MS);
         let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
         with(|s| s.timer = Some((id, due)));
     }
