@@ -319,13 +319,13 @@ fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
         return;
     }
     let args = setstate_args(state);
-    let mut argv: Vec<*mut RStr> = vec![keyname];
-    argv.extend(args.iter().map(|s| s.ptr()));
+    let mut argv: Vec<*mut RStr> = args.iter().map(|s| s.ptr()).collect();
     unsafe {
         api!(RedisModule_Replicate)(
             ctx,
             SETSTATE.as_ptr(),
-            c"v".as_ptr(),
+            c"sv".as_ptr(),
+            keyname,
             argv.as_mut_ptr(),
             argv.len(),
         )

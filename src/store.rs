@@ -176,12 +176,14 @@ unsafe extern "C" fn aof_rewrite(
 ) {
     let v = &*(value as *const LockValue);
     let args = setstate_args(&v.state);
-    let mut argv: Vec<*mut raw::RedisModuleString> = vec![key];
-    argv.extend(args.iter().map(|s| s.ptr()));
+    let mut argv: Vec<*mut raw::RedisModuleString> = args.iter().map(|s| s.ptr()).collect();
+    // The key must go through "s": Redis passes a stack-allocated key object
+    // here, which "s" copies and "v" would try to retain (a server panic).
     api!(RedisModule_EmitAOF)(
         aof,
         SETSTATE.as_ptr(),
-        c"v".as_ptr(),
+        c"sv".as_ptr(),
+        key,
         argv.as_mut_ptr(),
         argv.len(),
     );

@@ -91,10 +91,29 @@ fn aof_roundtrip(preamble: &str, rewrite: bool) {
     int(&mut c, &["RWLOCK.RENEW", "rw", "r1", "PX", "350000"]);
     if rewrite {
         let _: String = cmd("BGREWRITEAOF").query(&mut c).unwrap();
-        wait_until(Duration::from_secs(10), || {
+        wait_until(Duration::from_secs(30), || {
             let info: String = cmd("INFO").arg("persistence").query(&mut c).unwrap();
             info.contains("aof_rewrite_in_progress:0") && info.contains("aof_rewrite_scheduled:0")
         });
+        // The rewrite must have succeeded: a crashed rewrite child leaves the old
+        // AOF in place, which would replay to the same state and hide the crash.
+        let info: String = cmd("INFO").arg("persistence").query(&mut c).unwrap();
+        assert!(
+            info.contains("aof_last_bgrewrite_status:ok"),
+            "rewrite failed:\n{info}"
+        );
+        if preamble == "no" {
+            let base = std::fs::read_dir(s.dir.join("appendonlydir"))
+                .unwrap()
+                .flatten()
+                .find(|e| e.file_name().to_string_lossy().contains(".base.aof"))
+                .expect("a rewritten base AOF");
+            let text = String::from_utf8_lossy(&std::fs::read(base.path()).unwrap()).into_owned();
+            assert!(
+                text.contains("RLOCK.SETSTATE"),
+                "the base AOF holds no lock state:\n{text}"
+            );
+        }
     }
     let before = digest(&mut c);
     s.restart();
