@@ -55,7 +55,7 @@ macro_rules! family {
             (
                 concat!($prefix, ".acquire"),
                 handler!(commands::acquire, $kind),
-                "write deny-oom",
+                "write deny-oom blocking",
             ),
             (
                 concat!($prefix, ".release"),

@@ -870,3 +870,37 @@ fn the_lease_schedule_tracks_only_live_locks() {
     let _: () = cmd("FLUSHDB").query(&mut c).unwrap();
     assert_eq!(stat(&mut c, "lease_schedule"), 0);
 }
+
+#[test]
+fn command_flags_say_what_each_command_does() {
+    let s = Server::start();
+    let mut c = s.client();
+    let flags = |c: &mut Connection, name: &str| -> Vec<String> {
+        match call(c, &["COMMAND", "INFO", name]).unwrap() {
+            Value::Array(info) => match &info[0] {
+                Value::Array(entry) => match &entry[2] {
+                    Value::Array(f) => f.iter().map(as_string).collect(),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    };
+    for family in ["rlock", "fairlock", "rwlock"] {
+        let acquire = flags(&mut c, &format!("{family}.acquire"));
+        assert!(
+            ["write", "denyoom", "blocking"]
+                .iter()
+                .all(|f| acquire.iter().any(|a| a == f)),
+            "{acquire:?}"
+        );
+        let release = flags(&mut c, &format!("{family}.release"));
+        assert!(
+            release.contains(&"write".into()) && !release.contains(&"blocking".into()),
+            "{release:?}"
+        );
+        let info = flags(&mut c, &format!("{family}.info"));
+        assert!(info.contains(&"readonly".into()), "{info:?}");
+    }
+}
