@@ -227,7 +227,7 @@ fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
         })
         .unwrap_or(false);
         if reserve {
-            crate::lease::schedule_serve(ctx, rec.db, &rec.key);
+            crate::lease::schedule_serve(ctx, rec.db, &rec.key, crate::lease::IfAbsent::Grant);
         }
     }
     Some(rec.status)

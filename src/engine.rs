@@ -12,6 +12,7 @@
 use crate::blocking;
 use crate::commands::{NOTOWNER_ERR, UPGRADE_ERR, WRONGTYPE_ERR};
 use crate::ffi::{api, bytes, now_ms, select_db, selected_db, Ctx, Key, OwnedStr, RStr, Reply};
+use crate::lease::IfAbsent;
 use crate::lock::{Admission, EndReason, Kind, LockState, Mode, Served};
 use crate::notify;
 use crate::stats;
@@ -353,8 +354,9 @@ pub fn expire_due(ctx: *mut Ctx, db: i32, key: &[u8], due: i64) {
 }
 
 /// Deferred serve pass over a key's queue. Waiters of a key that now holds
-/// something else (another lock family, a string...) get WRONGTYPE.
-pub fn serve_queue(ctx: *mut Ctx, db: i32, key: &[u8]) {
+/// something else (another lock family, a string...) get WRONGTYPE; waiters of
+/// a key that was removed (not expired) are told to retry.
+pub fn serve_queue(ctx: *mut Ctx, db: i32, key: &[u8], if_absent: IfAbsent) {
     if !select_db(ctx, db) {
         return;
     }
@@ -362,6 +364,10 @@ pub fn serve_queue(ctx: *mut Ctx, db: i32, key: &[u8]) {
         return;
     };
     let keyname = OwnedStr::new(key);
+    if if_absent == IfAbsent::Retry && Key::open(ctx, keyname.ptr(), false).is_empty() {
+        blocking::fail_all(db, key, notify::KEY_GONE_ERR);
+        return;
+    }
     if let Reply::Error(e) = execute(ctx, keyname.ptr(), Some(kind), Action::Serve) {
         blocking::fail_all(db, key, &e);
     }

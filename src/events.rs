@@ -38,7 +38,8 @@ unsafe extern "C" fn on_loading(
 }
 
 /// After FLUSHDB/FLUSHALL the lock values are gone but their waiters are not:
-/// serve them, which hands each key to its first waiter.
+/// they are told to retry. The check is deferred because DEBUG RELOAD flushes
+/// too, then loads the same locks back, and its waiters should keep waiting.
 unsafe extern "C" fn on_flush(
     ctx: *mut Ctx,
     _eid: RedisModuleEvent,
@@ -53,12 +54,13 @@ unsafe extern "C" fn on_flush(
         let db = (info.dbnum != -1).then_some(info.dbnum);
         lease::forget_db(db);
         for (db, key) in blocking::queued_keys(db) {
-            lease::schedule_serve(ctx, db, &key);
+            lease::schedule_serve(ctx, db, &key, lease::IfAbsent::Retry);
         }
     })
 }
 
 pub fn subscribe(ctx: *mut Ctx) -> bool {
+    crate::notify::init(ctx);
     let events: [(u64, raw::RedisModuleEventCallback); 3] = [
         (
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,

@@ -16,7 +16,7 @@
 //! schedule is rebuilt from the keyspace when loading ends and on promotion.
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::os::raw::c_void;
 
 use redis_module::raw;
@@ -30,7 +30,7 @@ const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 #[derive(Default)]
 struct Schedule {
     expiries: BTreeSet<(i64, i32, Vec<u8>)>,
-    serves: HashSet<(i32, Vec<u8>)>,
+    serves: HashMap<(i32, Vec<u8>), IfAbsent>,
     /// The armed Redis timer and the time it fires at.
     timer: Option<(raw::RedisModuleTimerID, i64)>,
 }
@@ -88,9 +88,25 @@ pub fn forget_db(db: Option<i32>) {
     with(|s| s.expiries.retain(|(_, d, _)| db.is_some_and(|x| x != *d)));
 }
 
+/// What an absent key means to a deferred serve pass.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum IfAbsent {
+    /// Its last lease ended: the first waiter takes a new lock.
+    Grant,
+    /// It was deleted, flushed, renamed or overwritten: waiters must retry.
+    Retry,
+}
+
 /// Asks for a serve pass over a key's queue on the next turn of the event loop.
-pub fn schedule_serve(ctx: *mut Ctx, db: i32, key: &[u8]) {
-    if with(|s| s.serves.insert((db, key.to_vec()))) {
+/// Several requests for one key merge and the latest reason wins: on a lease
+/// expiry Redis calls the unlink hook (`Retry`) just before the `expired`
+/// event (`Grant`).
+pub fn schedule_serve(ctx: *mut Ctx, db: i32, key: &[u8], if_absent: IfAbsent) {
+    let first = with(|s| {
+        s.serves.insert((db, key.to_vec()), if_absent);
+        s.serves.len() == 1
+    });
+    if first {
         arm(ctx);
     }
 }
@@ -138,8 +154,8 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
             (serves, due)
         });
         if active(ctx) {
-            for (db, key) in serves {
-                crate::engine::serve_queue(ctx, db, &key);
+            for ((db, key), if_absent) in serves {
+                crate::engine::serve_queue(ctx, db, &key, if_absent);
             }
             for (at, db, key) in expiries {
                 crate::engine::expire_due(ctx, db, &key, at);

@@ -5,11 +5,13 @@
 use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw;
 
 use crate::config;
 use crate::ffi::{api, bytes, selected_db, Ctx, OwnedStr, RStr};
+use crate::lease::IfAbsent;
 use crate::lock::{EndReason, Kind};
 use crate::stats;
 
@@ -67,6 +69,10 @@ pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: Event, keyname: *mut RStr) {
     };
 }
 
+/// Answer to waiters whose lock key was deleted, renamed, flushed or migrated
+/// under them. Cluster clients retry TRYAGAIN, and the retry follows MOVED/ASK.
+pub const KEY_GONE_ERR: &str = "TRYAGAIN the lock key was deleted or moved while waiting; retry";
+
 /// The lock key Redis is removing right now, seen by the type's unlink hook
 /// just before the keyspace event that says why.
 struct Unlinked {
@@ -74,6 +80,18 @@ struct Unlinked {
     key: Vec<u8>,
     kind: Kind,
     holders: usize,
+}
+
+/// A context of this module for callbacks that get none (the unlink hook).
+static MODULE_CONTEXT: AtomicPtr<Ctx> = AtomicPtr::new(std::ptr::null_mut());
+
+pub fn init(ctx: *mut Ctx) {
+    let detached = unsafe { api!(RedisModule_GetDetachedThreadSafeContext)(ctx) };
+    MODULE_CONTEXT.store(detached, Ordering::Relaxed);
+}
+
+fn module_context() -> *mut Ctx {
+    MODULE_CONTEXT.load(Ordering::Relaxed)
 }
 
 thread_local! {
@@ -89,6 +107,12 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
         let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx)).to_vec();
         let db = api!(RedisModule_GetDbIdFromOptCtx)(octx);
         crate::lease::unwatch(db, &key, v);
+        if crate::blocking::any_queued() && crate::blocking::queue_len(db, &key) > 0 {
+            // Overwritten (SET...) or removed: the serve pass answers the
+            // waiters (WRONGTYPE, or a new holder after expiry), unless the
+            // keyspace event that follows has already told them to retry.
+            crate::lease::schedule_serve(module_context(), db, &key, IfAbsent::Retry);
+        }
         let record = Unlinked {
             db,
             key,
@@ -126,7 +150,17 @@ pub unsafe extern "C" fn on_keyspace_event(
             }
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
-            crate::lease::schedule_serve(ctx, db, key);
+            let lease_ended = CStr::from_ptr(event).to_bytes() == b"expired";
+            if lease_ended {
+                crate::lease::schedule_serve(ctx, db, key, IfAbsent::Grant);
+            } else if !crate::ffi::Key::open(ctx, keyname, false).is_empty() {
+                // Still there (a new TTL, overwritten...): the serve pass sorts it out.
+                crate::lease::schedule_serve(ctx, db, key, IfAbsent::Retry);
+            } else {
+                // Deleted, renamed, migrated to another node: this lock is not
+                // here any more, so its waiters must not be handed a new one.
+                crate::blocking::fail_all(db, key, KEY_GONE_ERR);
+            }
         }
         crate::ffi::OK
     })

@@ -904,3 +904,54 @@ fn command_flags_say_what_each_command_does() {
         assert!(info.contains(&"readonly".into()), "{info:?}");
     }
 }
+
+/// Parks a waiter on `key` (held by someone else), runs `what` on another
+/// connection, and returns the waiter's reply.
+fn waiter_reply_after(s: &Server, key: &str, what: &[&str]) -> redis::RedisResult<Value> {
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", key, "holder"]);
+    let w = spawn_call(s, &["RLOCK.ACQUIRE", key, "waiter", "BLOCK", "10000"]);
+    wait_parked(&mut c, 1);
+    let _ = call(&mut c, what);
+    let (reply, took) = w.join().unwrap();
+    assert!(
+        took < Duration::from_secs(2),
+        "{what:?}: the waiter was not answered at once: {took:?}"
+    );
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    reply
+}
+
+#[test]
+fn waiters_of_a_deleted_or_moved_lock_are_told_to_retry() {
+    let s = Server::start();
+    let mut c = s.client();
+    for what in [
+        &["DEL", "k"][..],
+        &["UNLINK", "k"],
+        &["RENAME", "k", "elsewhere"],
+        &["MOVE", "k", "5"],
+        &["FLUSHDB"],
+        &["FLUSHALL"],
+    ] {
+        let reply = waiter_reply_after(&s, "k", what);
+        let e = reply.expect_err("a waiter must not be handed a lock that was removed");
+        assert_eq!(e.code(), Some("TRYAGAIN"), "{what:?}: {e}");
+        // Nobody was granted anything here: the key stays absent.
+        assert_eq!(int(&mut c, &["EXISTS", "k"]), 0, "{what:?}");
+        let _ = call(&mut c, &["FLUSHALL"]);
+    }
+    // Overwritten with another type: the waiter gets WRONGTYPE.
+    let reply = waiter_reply_after(&s, "k", &["SET", "k", "v"]);
+    assert!(reply.unwrap_err().to_string().contains("WRONGTYPE"));
+    // A new TTL on the lock key does not disturb the waiter; the lease still rules.
+    let _ = call(&mut c, &["FLUSHALL"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "holder", "PX", "300"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "waiter", "BLOCK", "5000"]);
+    wait_parked(&mut c, 1);
+    assert_eq!(int(&mut c, &["PEXPIRE", "k", "100000"]), 1);
+    assert!(
+        matches!(w.join().unwrap().0.unwrap(), Value::Int(_)),
+        "served when the lease ended"
+    );
+}
