@@ -511,12 +511,48 @@ unsafe fn describe_inner(ctx: *mut Ctx, name: &CStr) -> bool {
     }
     // Redis has copied everything it keeps; `layout` and `specs` are freed here.
     drop(layout);
+    if ok {
+        categorize(command, name);
+    }
     ok
+}
+
+/// ACL categories of a command, for servers that let modules set them.
+fn acl_categories(name: &str) -> &'static CStr {
+    match name.rsplit('.').next() {
+        Some("acquire") => c"write blocking slow",
+        Some("info") => c"read fast",
+        Some("setstate") => c"write slow dangerous",
+        _ => c"write fast",
+    }
+}
+
+/// Redis 7.2+ (and Valkey) let modules put commands in ACL categories, so that
+/// `+@write` or `-@blocking` cover them; 7.0 has no such API and leaves module
+/// commands in none. A refusal is logged, not fatal: the command still works.
+unsafe fn categorize(command: *mut raw::RedisModuleCommand, name: &CStr) {
+    let Some(set_categories) = raw::RedisModule_SetCommandACLCategories else {
+        return;
+    };
+    let categories = acl_categories(name.to_str().unwrap_or(""));
+    if set_categories(command, categories.as_ptr()) != ffi::OK {
+        ffi::log_warning(&format!(
+            "rlock: Redis refused ACL categories {categories:?} for {name:?}"
+        ));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acl_categories_follow_what_commands_do() {
+        assert_eq!(acl_categories("rlock.acquire"), c"write blocking slow");
+        assert_eq!(acl_categories("rwlock.info"), c"read fast");
+        assert_eq!(acl_categories("fairlock.release"), c"write fast");
+        assert_eq!(acl_categories("rlock.setstate"), c"write slow dangerous");
+    }
 
     const ALL: [&str; 16] = [
         "rlock.acquire",

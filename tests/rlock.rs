@@ -955,3 +955,52 @@ fn waiters_of_a_deleted_or_moved_lock_are_told_to_retry() {
         "served when the lease ended"
     );
 }
+
+#[test]
+fn memory_usage_and_scan_by_type_see_lock_keys() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "small", "a"]);
+    let big_owner = "o".repeat(4096);
+    int(&mut c, &["RLOCK.ACQUIRE", "big", &big_owner]);
+    for i in 0..20 {
+        int(
+            &mut c,
+            &["RWLOCK.ACQUIRE", "many", "READ", &format!("reader-{i}")],
+        );
+    }
+    int(&mut c, &["FAIRLOCK.ACQUIRE", "fair", "a"]);
+    let _: () = cmd("SET").arg("plain").arg("v").query(&mut c).unwrap();
+    let small = int(&mut c, &["MEMORY", "USAGE", "small"]);
+    let big = int(&mut c, &["MEMORY", "USAGE", "big"]);
+    let many = int(&mut c, &["MEMORY", "USAGE", "many"]);
+    assert!(small > 0, "{small}");
+    assert!(
+        big >= small + 4095,
+        "the owner's bytes count: {small} vs {big}"
+    );
+    assert!(
+        many > small + 19 * 48,
+        "every holder counts: {small} vs {many}"
+    );
+
+    let mut found: Vec<String> = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = cmd("SCAN")
+            .arg(cursor)
+            .arg("TYPE")
+            .arg("rlock-lck")
+            .arg("COUNT")
+            .arg(100)
+            .query(&mut c)
+            .unwrap();
+        found.extend(keys);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    found.sort();
+    assert_eq!(found, vec!["big", "fair", "many", "small"]);
+}
