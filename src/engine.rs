@@ -123,7 +123,7 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
         }
     }
     let replicated = matches!(action, Action::SetState(_));
-    if !replicated && crate::ffi::is_master(ctx) {
+    if !replicated && crate::role::is_master() {
         let expired = slot.state().expire(now);
         if expired > 0 {
             stats::bump(&stats::LEASE_EXPIRATIONS, expired as u64);
@@ -299,6 +299,9 @@ fn commit(
 }
 
 fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
+    if !crate::role::propagates() {
+        return;
+    }
     if let [h] = state.holders.as_slice() {
         // The common case (every reentrant and fair lock) without building strings.
         unsafe {
@@ -342,6 +345,9 @@ fn kind_cstr(kind: Kind) -> &'static std::ffi::CStr {
 }
 
 fn replicate_del(ctx: *mut Ctx, keyname: *mut RStr) {
+    if !crate::role::propagates() {
+        return;
+    }
     unsafe { api!(RedisModule_Replicate)(ctx, c"DEL".as_ptr(), c"s".as_ptr(), keyname) };
 }
 

@@ -6,7 +6,7 @@ use std::os::raw::c_void;
 use redis_module::raw::{self, RedisModuleEvent};
 
 use crate::ffi::{api, Ctx, OK};
-use crate::{blocking, lease};
+use crate::{blocking, lease, role};
 
 unsafe extern "C" fn on_role_change(
     ctx: *mut Ctx,
@@ -15,6 +15,8 @@ unsafe extern "C" fn on_role_change(
     _data: *mut c_void,
 ) {
     crate::ffi::contained("role change", (), || {
+        role::refresh(ctx);
+        role::listener_seen();
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
             // Promotion: this server now expires leases and serves waiters.
             lease::rebuild(ctx);
@@ -30,10 +32,13 @@ unsafe extern "C" fn on_loading(
     subevent: u64,
     _data: *mut c_void,
 ) {
-    crate::ffi::contained("loading", (), || {
-        if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
+    crate::ffi::contained("loading", (), || match subevent {
+        raw::REDISMODULE_SUBEVENT_LOADING_ENDED | raw::REDISMODULE_SUBEVENT_LOADING_FAILED => {
+            role::set_loading(false);
+            role::refresh(ctx);
             lease::rebuild(ctx);
         }
+        _ => role::set_loading(true),
     })
 }
 
@@ -59,15 +64,44 @@ unsafe extern "C" fn on_flush(
     })
 }
 
+/// A child was forked: if it is a replica's full sync, effects must go out.
+unsafe extern "C" fn on_fork(
+    ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    crate::ffi::contained("fork", (), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN {
+            role::refresh(ctx);
+        }
+    })
+}
+
+unsafe extern "C" fn on_replica_change(
+    _ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    _sub: u64,
+    _data: *mut c_void,
+) {
+    role::listener_seen();
+}
+
 pub fn subscribe(ctx: *mut Ctx) -> bool {
     crate::notify::init(ctx);
-    let events: [(u64, raw::RedisModuleEventCallback); 3] = [
+    role::refresh(ctx);
+    let events: [(u64, raw::RedisModuleEventCallback); 5] = [
         (
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             Some(on_role_change),
         ),
         (raw::REDISMODULE_EVENT_LOADING, Some(on_loading)),
         (raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush)),
+        (raw::REDISMODULE_EVENT_FORK_CHILD, Some(on_fork)),
+        (
+            raw::REDISMODULE_EVENT_REPLICA_CHANGE,
+            Some(on_replica_change),
+        ),
     ];
     let keyspace = raw::REDISMODULE_NOTIFY_GENERIC
         | raw::REDISMODULE_NOTIFY_EXPIRED

@@ -68,14 +68,6 @@ pub fn ctx_flags(ctx: *mut Ctx) -> u32 {
     unsafe { api!(RedisModule_GetContextFlags)(ctx) as u32 }
 }
 
-pub fn is_master(ctx: *mut Ctx) -> bool {
-    ctx_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_MASTER != 0
-}
-
-pub fn is_loading(ctx: *mut Ctx) -> bool {
-    ctx_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_LOADING != 0
-}
-
 pub fn selected_db(ctx: *mut Ctx) -> i32 {
     unsafe { api!(RedisModule_GetSelectedDb)(ctx) }
 }

@@ -16,20 +16,84 @@
 //! schedule is rebuilt from the keyspace when loading ends and on promotion.
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::os::raw::c_void;
 
 use redis_module::raw;
 
-use crate::ffi::{api, is_loading, is_master, now_ms, Ctx};
+use crate::ffi::{api, now_ms, Ctx};
 use crate::store::LockValue;
+
+/// Lock keys by the millisecond their earliest hold expires. Leases of one
+/// length arrive in due order, so buckets keep an insert to one integer search
+/// and a push (a set ordered by (due, key) compared key bytes every time).
+/// A key name with its database.
+type DbKey = (i32, Box<[u8]>);
+
+#[derive(Default)]
+struct Deadlines {
+    buckets: BTreeMap<i64, Vec<DbKey>>,
+    len: usize,
+}
+
+impl Deadlines {
+    fn insert(&mut self, due: i64, db: i32, key: &[u8]) {
+        self.buckets.entry(due).or_default().push((db, key.into()));
+        self.len += 1;
+    }
+
+    fn remove(&mut self, due: i64, db: i32, key: &[u8]) -> bool {
+        let Some(bucket) = self.buckets.get_mut(&due) else {
+            return false;
+        };
+        let Some(i) = bucket.iter().position(|(d, k)| *d == db && **k == *key) else {
+            return false;
+        };
+        bucket.swap_remove(i);
+        if bucket.is_empty() {
+            self.buckets.remove(&due);
+        }
+        self.len -= 1;
+        true
+    }
+
+    fn first_due(&self) -> Option<i64> {
+        self.buckets.keys().next().copied()
+    }
+
+    /// Takes every entry due at or before `now`.
+    fn pop_due(&mut self, now: i64) -> Vec<(i64, i32, Box<[u8]>)> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.buckets.first_entry() {
+            if *entry.key() > now {
+                break;
+            }
+            let (due, bucket) = entry.remove_entry();
+            out.extend(bucket.into_iter().map(|(db, key)| (due, db, key)));
+        }
+        self.len -= out.len();
+        out
+    }
+
+    fn retain_dbs(&mut self, keep: impl Fn(i32) -> bool) {
+        for bucket in self.buckets.values_mut() {
+            bucket.retain(|(db, _)| keep(*db));
+        }
+        self.buckets.retain(|_, b| !b.is_empty());
+        self.len = self.buckets.values().map(Vec::len).sum();
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
 
 /// Longest single wait of the Redis timer (one hour).
 const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 
 #[derive(Default)]
 struct Schedule {
-    expiries: BTreeSet<(i64, i32, Vec<u8>)>,
+    expiries: Deadlines,
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
     /// The armed Redis timer and the time it fires at.
     timer: Option<(raw::RedisModuleTimerID, i64)>,
@@ -43,8 +107,8 @@ fn with<R>(f: impl FnOnce(&mut Schedule) -> R) -> R {
     SCHEDULE.with(|s| f(&mut s.borrow_mut()))
 }
 
-fn active(ctx: *mut Ctx) -> bool {
-    is_master(ctx) && !is_loading(ctx)
+fn active() -> bool {
+    crate::role::is_master() && !crate::role::is_loading()
 }
 
 /// Makes sure the key's earliest deadline is watched. Cheap when it already is.
@@ -52,7 +116,7 @@ pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], value: &mut LockValue) {
     let Some(earliest) = value.state.earliest_deadline() else {
         return;
     };
-    if !active(ctx) {
+    if !active() {
         return;
     }
     let due = earliest.saturating_add(1);
@@ -62,9 +126,9 @@ pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], value: &mut LockValue) {
     let old = std::mem::replace(&mut value.armed, due);
     with(|s| {
         if old != 0 {
-            s.expiries.remove(&(old, db, key.to_vec()));
+            s.expiries.remove(old, db, key);
         }
-        s.expiries.insert((due, db, key.to_vec()));
+        s.expiries.insert(due, db, key);
     });
     arm(ctx);
 }
@@ -74,7 +138,7 @@ pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], value: &mut LockValue) {
 pub fn unwatch(db: i32, key: &[u8], value: &mut LockValue) {
     let armed = std::mem::take(&mut value.armed);
     if armed != 0 {
-        with(|s| s.expiries.remove(&(armed, db, key.to_vec())));
+        with(|s| s.expiries.remove(armed, db, key));
     }
 }
 
@@ -85,7 +149,7 @@ pub fn watched() -> usize {
 
 /// Forgets the entries of flushed databases (`None`: all of them).
 pub fn forget_db(db: Option<i32>) {
-    with(|s| s.expiries.retain(|(_, d, _)| db.is_some_and(|x| x != *d)));
+    with(|s| s.expiries.retain_dbs(|d| db.is_some_and(|x| x != d)));
 }
 
 /// What an absent key means to a deferred serve pass.
@@ -115,7 +179,7 @@ fn next_due(s: &Schedule) -> Option<i64> {
     if !s.serves.is_empty() {
         return Some(0);
     }
-    s.expiries.first().map(|(due, _, _)| *due)
+    s.expiries.first_due()
 }
 
 /// (Re)arms the Redis timer for the earliest pending work.
@@ -147,13 +211,9 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
         let (serves, expiries) = with(|s| {
             s.timer = None;
             let serves: Vec<_> = s.serves.drain().collect();
-            let mut due = Vec::new();
-            while s.expiries.first().is_some_and(|(at, _, _)| *at <= now) {
-                due.extend(s.expiries.pop_first());
-            }
-            (serves, due)
+            (serves, s.expiries.pop_due(now))
         });
-        if active(ctx) {
+        if active() {
             for ((db, key), if_absent) in serves {
                 crate::engine::serve_queue(ctx, db, &key, if_absent);
             }
@@ -177,7 +237,7 @@ pub fn clear(ctx: *mut Ctx) {
 /// on promotion). Holds that ran out meanwhile are expired on the next timer tick.
 pub fn rebuild(ctx: *mut Ctx) {
     clear(ctx);
-    if !active(ctx) {
+    if !active() {
         return;
     }
     let original_db = crate::ffi::selected_db(ctx);
@@ -196,8 +256,9 @@ pub fn rebuild(ctx: *mut Ctx) {
             api!(RedisModule_ScanCursorDestroy)(cursor);
         }
         with(|s| {
-            s.expiries
-                .extend(found.into_iter().map(|(key, due)| (due, db, key)))
+            found
+                .into_iter()
+                .for_each(|(key, due)| s.expiries.insert(due, db, &key))
         });
         db += 1;
     }
@@ -222,5 +283,35 @@ unsafe extern "C" fn collect_lock(
         value.armed = earliest.saturating_add(1);
         let found = &mut *(privdata as *mut Vec<(Vec<u8>, i64)>);
         found.push((crate::ffi::bytes(keyname).to_vec(), value.armed));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Deadlines;
+
+    #[test]
+    fn deadlines_pop_in_order_and_remove_exactly() {
+        let mut d = Deadlines::default();
+        d.insert(20, 0, b"b");
+        d.insert(10, 0, b"a");
+        d.insert(10, 1, b"a");
+        d.insert(30, 0, b"c");
+        assert_eq!(d.len(), 4);
+        assert_eq!(d.first_due(), Some(10));
+        assert!(d.remove(10, 1, b"a"));
+        assert!(!d.remove(10, 1, b"a"), "already gone");
+        assert!(!d.remove(20, 0, b"a"), "wrong key");
+        let popped: Vec<_> = d
+            .pop_due(20)
+            .into_iter()
+            .map(|(due, db, k)| (due, db, k.to_vec()))
+            .collect();
+        assert_eq!(popped, vec![(10, 0, b"a".to_vec()), (20, 0, b"b".to_vec())]);
+        assert_eq!(d.first_due(), Some(30));
+        d.insert(40, 2, b"x");
+        d.retain_dbs(|db| db != 0);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d.first_due(), Some(40));
     }
 }

@@ -14,6 +14,7 @@ mod ffi;
 mod lease;
 pub mod lock;
 mod notify;
+mod role;
 mod stats;
 mod store;
 mod token;

@@ -197,3 +197,35 @@ fn tokens_never_repeat_after_a_crash_with_nothing_persisted() {
     let next = int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     assert!(next > last, "token {next} repeats or goes below {last}");
 }
+
+#[test]
+fn aof_switched_on_at_run_time_records_later_changes() {
+    let mut s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "early", "a", "PX", "600000"]);
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("yes")
+        .query(&mut c)
+        .unwrap();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("appendfsync")
+        .arg("always")
+        .query(&mut c)
+        .unwrap();
+    wait_until(Duration::from_secs(10), || {
+        let info: String = cmd("INFO").arg("persistence").query(&mut c).unwrap();
+        info.contains("aof_rewrite_in_progress:0") && info.contains("aof_enabled:1")
+    });
+    int(&mut c, &["RLOCK.ACQUIRE", "late", "b", "PX", "600000"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "early", "a", "PX", "500000"]);
+    let before = digest(&mut c);
+    // Restart with the AOF on, as the CONFIG SET left it.
+    s.restart_with(&["--appendonly", "yes"]);
+    let mut c = s.client();
+    assert_eq!(digest(&mut c), before);
+    let info = info_map(&mut c, &["RLOCK.INFO", "early"]).unwrap();
+    assert_eq!(as_int(&field(&info, "holds")), 2);
+}

@@ -163,3 +163,37 @@ fn per_holder_expiry_on_the_master_replicates() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_replica_that_attaches_late_receives_every_later_change() {
+    // Until a replica or the AOF exists, the master builds no effects at all;
+    // the replica's full sync must still start it replicating.
+    let master = Server::start();
+    let mut m = master.client();
+    for i in 0..50 {
+        int(
+            &mut m,
+            &["RLOCK.ACQUIRE", &format!("before{i}"), "a", "PX", "60000"],
+        );
+    }
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut r = replica.client();
+    for i in 0..50 {
+        int(&mut m, &["RLOCK.RELEASE", &format!("before{i}"), "a"]);
+        int(
+            &mut m,
+            &[
+                "RWLOCK.ACQUIRE",
+                &format!("after{i}"),
+                "READ",
+                "r",
+                "PX",
+                "60000",
+            ],
+        );
+    }
+    wait_replicated(&mut m);
+    assert_eq!(int(&mut r, &["DBSIZE"]), 50);
+    assert_eq!(digest(&mut m), digest(&mut r));
+}

@@ -30,12 +30,16 @@ fn max_duration(now: i64) -> i64 {
 }
 
 /// Parses `[PX ms | EX s] [BLOCK ms]` (each at most once, any order, any case).
-pub fn options(args: &[&[u8]], allow_block: bool, now: i64) -> Result<Options, &'static str> {
+pub fn options<'a>(
+    args: impl IntoIterator<Item = &'a [u8]>,
+    allow_block: bool,
+    now: i64,
+) -> Result<Options, &'static str> {
     let mut opts = Options {
         lease_ms: None,
         block_ms: None,
     };
-    let mut it = args.iter();
+    let mut it = args.into_iter();
     while let Some(name) = it.next() {
         let value = it.next().ok_or(SYNTAX_ERR)?;
         if name.eq_ignore_ascii_case(b"PX") || name.eq_ignore_ascii_case(b"EX") {
@@ -94,7 +98,7 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Options, &'static str> {
         let v: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        options(&v, true, NOW)
+        options(v, true, NOW)
     }
 
     #[test]
@@ -129,7 +133,7 @@ mod tests {
             assert_eq!(parse(bad), Err(SYNTAX_ERR), "{bad:?}");
         }
         let no_block: Vec<&[u8]> = vec![b"BLOCK", b"5"];
-        assert_eq!(options(&no_block, false, NOW), Err(SYNTAX_ERR));
+        assert_eq!(options(no_block, false, NOW), Err(SYNTAX_ERR));
     }
 
     #[test]

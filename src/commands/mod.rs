@@ -54,8 +54,9 @@ fn mode_and_owner<'a>(
     Ok((mode, owner, first_opt))
 }
 
-fn rest<'a>(argv: &[*mut RStr], from: usize) -> Vec<&'a [u8]> {
-    argv[from..].iter().map(|a| unsafe { bytes(*a) }).collect()
+/// The option words and values from position `from` on.
+fn rest(argv: &[*mut RStr], from: usize) -> impl Iterator<Item = &[u8]> {
+    argv[from..].iter().map(|a| unsafe { bytes(*a) })
 }
 
 pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
@@ -63,7 +64,7 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(&rest(argv, first_opt), true, now_ms()) {
+    let opts = match args::options(rest(argv, first_opt), true, now_ms()) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
@@ -92,7 +93,7 @@ pub fn renew(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(&rest(argv, first_opt), false, now_ms()) {
+    let opts = match args::options(rest(argv, first_opt), false, now_ms()) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };

@@ -155,6 +155,12 @@ impl Server {
         self.spawn(self.port);
     }
 
+    /// Like `restart`, with extra server arguments from now on.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.args.extend(extra.iter().map(|s| s.to_string()));
+        self.restart();
+    }
+
     /// Starts after a `kill` on the same port and directory.
     pub fn start_again(&mut self) {
         assert!(self.child.is_none());

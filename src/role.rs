@@ -1,0 +1,83 @@
+//! What this server is right now, cached from server events so the hot path
+//! does not ask Redis (RM_GetContextFlags computes many flags per call):
+//! master or replica, loading or not, and whether effects have anywhere to go.
+//!
+//! Propagation: Redis drops a replicated effect when AOF is off and there is
+//! neither a replica nor a replication backlog. Building `RLOCK.SETSTATE` for
+//! nothing was half the cost of an acquire, so it is skipped until the first
+//! sign of a listener, and then always made (the flag never clears):
+//! - at load: AOF on, this server a replica, or replicas/backlog present;
+//! - on every fork: a replica's full sync forks before any later command runs,
+//!   and the commands before the fork are inside the snapshot it receives;
+//! - on any replica or role change.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis_module::raw;
+
+use crate::ffi::{api, ctx_flags, Ctx};
+
+static MASTER: AtomicBool = AtomicBool::new(true);
+static LOADING: AtomicBool = AtomicBool::new(false);
+static PROPAGATE: AtomicBool = AtomicBool::new(false);
+
+pub fn is_master() -> bool {
+    MASTER.load(Ordering::Relaxed)
+}
+
+pub fn is_loading() -> bool {
+    LOADING.load(Ordering::Relaxed)
+}
+
+/// Whether replicated effects can reach a replica or the AOF.
+pub fn propagates() -> bool {
+    PROPAGATE.load(Ordering::Relaxed)
+}
+
+pub fn set_loading(loading: bool) {
+    LOADING.store(loading, Ordering::Relaxed);
+}
+
+/// A replica attached or left, or the role changed: effects go out from now on.
+pub fn listener_seen() {
+    PROPAGATE.store(true, Ordering::Relaxed);
+}
+
+/// Re-reads the role and looks for listeners (at load, on fork, on role change).
+pub fn refresh(ctx: *mut Ctx) {
+    let flags = ctx_flags(ctx);
+    MASTER.store(
+        flags & raw::REDISMODULE_CTX_FLAGS_MASTER != 0,
+        Ordering::Relaxed,
+    );
+    LOADING.store(
+        flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0,
+        Ordering::Relaxed,
+    );
+    let aof_or_replica = raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE;
+    if flags & aof_or_replica != 0 || replicas_or_backlog(ctx) {
+        listener_seen();
+    }
+}
+
+fn replicas_or_backlog(ctx: *mut Ctx) -> bool {
+    unsafe {
+        let info = api!(RedisModule_GetServerInfo)(ctx, c"replication".as_ptr());
+        if info.is_null() {
+            return true;
+        }
+        let field = |name: &std::ffi::CStr| {
+            let mut err = 0;
+            let v = api!(RedisModule_ServerInfoGetFieldSigned)(info, name.as_ptr(), &mut err);
+            // An unknown field counts as "maybe": better to replicate for nothing.
+            if err != 0 {
+                1
+            } else {
+                v
+            }
+        };
+        let found = field(c"connected_slaves") > 0 || field(c"repl_backlog_active") != 0;
+        api!(RedisModule_FreeServerInfo)(ctx, info);
+        found
+    }
+}
