@@ -95,7 +95,10 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
         (None, Some(k)) => k,
         (None, None) => match &action {
             Action::SetState(s) => s.kind,
-            Action::Serve => {
+            // Serving, or the lease timer found that Redis had just expired the
+            // key itself (its TTL is the latest deadline): hand it to the first
+            // waiter now rather than on the next turn of the event loop.
+            Action::Serve | Action::Expire { .. } => {
                 match blocking::with_queue(selected_db(ctx), unsafe { bytes(keyname) }, |q| {
                     q.kind()
                 }) {
