@@ -268,7 +268,6 @@ fn commit(
             Slot::Existing(p) if unsafe { (*p).state.is_free() } => {
                 crate::lease::unwatch(db, name, unsafe { &mut *p });
                 unsafe { api!(RedisModule_DeleteKey)(key.raw) };
-                notify::forget_unlinked();
                 replicate_del(ctx, keyname);
                 None
             }

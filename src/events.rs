@@ -103,17 +103,9 @@ pub fn subscribe(ctx: *mut Ctx) -> bool {
             Some(on_replica_change),
         ),
     ];
-    let keyspace = raw::REDISMODULE_NOTIFY_GENERIC
-        | raw::REDISMODULE_NOTIFY_EXPIRED
-        | raw::REDISMODULE_NOTIFY_EVICTED;
-    unsafe {
-        events.into_iter().all(|(id, cb)| {
-            api!(RedisModule_SubscribeToServerEvent)(ctx, RedisModuleEvent { id, dataver: 1 }, cb)
-                == OK
-        }) && api!(RedisModule_SubscribeToKeyspaceEvents)(
-            ctx,
-            keyspace,
-            Some(crate::notify::on_keyspace_event),
-        ) == OK
-    }
+    // No keyspace-event subscription: the type's unlink hook sees every removal
+    // of a lock key, and other keys' events never call into the module.
+    events.into_iter().all(|(id, cb)| unsafe {
+        api!(RedisModule_SubscribeToServerEvent)(ctx, RedisModuleEvent { id, dataver: 1 }, cb) == OK
+    })
 }

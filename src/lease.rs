@@ -22,6 +22,7 @@ use std::os::raw::c_void;
 use redis_module::raw;
 
 use crate::ffi::{api, now_ms, Ctx};
+use crate::lock::Kind;
 use crate::store::LockValue;
 
 /// Lock keys by the millisecond their earliest hold expires. Leases of one
@@ -95,6 +96,8 @@ const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 struct Schedule {
     expiries: Deadlines,
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
+    /// Keys Redis expired, to report (stats, channel, keyspace event).
+    expired: Vec<(i32, Vec<u8>, Kind)>,
     /// The armed Redis timer and the time it fires at.
     timer: Option<(raw::RedisModuleTimerID, i64)>,
 }
@@ -175,8 +178,15 @@ pub fn schedule_serve(ctx: *mut Ctx, db: i32, key: &[u8], if_absent: IfAbsent) {
     }
 }
 
+/// Reports, on the next turn of the event loop, the holds of a key that Redis
+/// expired (found in the unlink hook, where nothing may be published).
+pub fn schedule_expiry_report(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
+    with(|s| s.expired.push((db, key.to_vec(), kind)));
+    arm(ctx);
+}
+
 fn next_due(s: &Schedule) -> Option<i64> {
-    if !s.serves.is_empty() {
+    if !s.serves.is_empty() || !s.expired.is_empty() {
         return Some(0);
     }
     s.expiries.first_due()
@@ -208,12 +218,19 @@ fn arm(ctx: *mut Ctx) {
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("lease timer", (), || {
         let now = now_ms();
-        let (serves, expiries) = with(|s| {
+        let (expired, serves, expiries) = with(|s| {
             s.timer = None;
             let serves: Vec<_> = s.serves.drain().collect();
-            (serves, s.expiries.pop_due(now))
+            (
+                std::mem::take(&mut s.expired),
+                serves,
+                s.expiries.pop_due(now),
+            )
         });
         if active() {
+            for (db, key, kind) in expired {
+                crate::notify::report_expiry(ctx, db, &key, kind);
+            }
             for ((db, key), if_absent) in serves {
                 crate::engine::serve_queue(ctx, db, &key, if_absent);
             }

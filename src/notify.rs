@@ -1,16 +1,15 @@
 //! What observers see: the unlock channel `__rlock@<db>__:<key>`, keyspace
 //! events of class `d`, and the bookkeeping when Redis itself removes a lock key
-//! (its TTL, which is the latest lease deadline, ran out; or DEL, FLUSHALL...).
+//! (its TTL, which is the latest lease deadline, ran out; or DEL, RENAME...).
 
-use std::cell::RefCell;
 use std::ffi::CStr;
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw;
 
 use crate::config;
-use crate::ffi::{api, bytes, selected_db, Ctx, OwnedStr, RStr};
+use crate::ffi::{api, bytes, now_ms, Ctx, OwnedStr, RStr};
 use crate::lease::IfAbsent;
 use crate::lock::{EndReason, Kind};
 use crate::stats;
@@ -73,15 +72,6 @@ pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: Event, keyname: *mut RStr) {
 /// under them. Cluster clients retry TRYAGAIN, and the retry follows MOVED/ASK.
 pub const KEY_GONE_ERR: &str = "TRYAGAIN the lock key was deleted or moved while waiting; retry";
 
-/// The lock key Redis is removing right now, seen by the type's unlink hook
-/// just before the keyspace event that says why.
-struct Unlinked {
-    db: i32,
-    key: Vec<u8>,
-    kind: Kind,
-    holders: usize,
-}
-
 /// A context of this module for callbacks that get none (the unlink hook).
 static MODULE_CONTEXT: AtomicPtr<Ctx> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -94,74 +84,52 @@ fn module_context() -> *mut Ctx {
     MODULE_CONTEXT.load(Ordering::Relaxed)
 }
 
-thread_local! {
-    static UNLINKED: RefCell<Option<Unlinked>> = const { RefCell::new(None) };
-}
-
-/// The type's unlink2 hook: remember what was there until the event arrives.
+/// The type's unlink2 hook: Redis is removing one of our keys from the
+/// keyspace (its TTL ran out, DEL, RENAME, MOVE, MIGRATE, overwrite, eviction).
+/// Only lock keys pay for this; the module subscribes to no keyspace events,
+/// so other commands never call into it.
+///
+/// The value says why: when every hold is past its deadline the lease ended
+/// (Redis expired the key: report it, and the first waiter takes a new lock);
+/// otherwise the lock was removed under its holder, and the waiters are told
+/// to retry (or get WRONGTYPE if something else now lives at the key).
 pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     crate::ffi::contained("unlink hook", (), || {
         // Redis hands the value as const, but it is ours until `free`, and the
         // lease entry of a key that leaves the keyspace must go with it.
         let v = &mut *(value as *mut crate::store::LockValue);
-        let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx)).to_vec();
+        let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx));
         let db = api!(RedisModule_GetDbIdFromOptCtx)(octx);
-        crate::lease::unwatch(db, &key, v);
-        if crate::blocking::any_queued() && crate::blocking::queue_len(db, &key) > 0 {
-            // Overwritten (SET...) or removed: the serve pass answers the
-            // waiters (WRONGTYPE, or a new holder after expiry), unless the
-            // keyspace event that follows has already told them to retry.
-            crate::lease::schedule_serve(module_context(), db, &key, IfAbsent::Retry);
+        crate::lease::unwatch(db, key, v);
+        // The engine deletes a lock once its last hold is gone and reports that
+        // itself; a replica reports nothing (the master does).
+        if v.state.holders.is_empty() || !crate::role::is_master() {
+            return;
         }
-        let record = Unlinked {
-            db,
-            key,
-            kind: v.state.kind,
-            holders: v.state.holders.len(),
-        };
-        UNLINKED.with(|u| *u.borrow_mut() = Some(record));
-    })
-}
-
-/// The engine deletes keys itself and reports that itself.
-pub fn forget_unlinked() {
-    UNLINKED.with(|u| u.borrow_mut().take());
-}
-
-/// Generic, expired and evicted keyspace events, for every key. Keys that are
-/// not locks and have no waiters cost one comparison.
-pub unsafe extern "C" fn on_keyspace_event(
-    ctx: *mut Ctx,
-    _type: c_int,
-    event: *const c_char,
-    keyname: *mut RStr,
-) -> c_int {
-    crate::ffi::contained("keyspace event", crate::ffi::OK, || {
-        let db = selected_db(ctx);
-        let key = bytes(keyname);
-        let unlinked = UNLINKED
-            .with(|u| u.borrow_mut().take())
-            .filter(|u| u.db == db && u.key == key);
-        if let Some(u) = unlinked {
-            if CStr::from_ptr(event).to_bytes() == b"expired" {
-                stats::bump(&stats::LEASE_EXPIRATIONS, u.holders as u64);
-                publish(ctx, db, key, EndReason::Expired);
-                keyspace(ctx, u.kind, Event::End(EndReason::Expired), keyname);
-            }
+        let ctx = module_context();
+        let expired = v.state.latest_deadline().is_some_and(|d| d < now_ms());
+        if expired {
+            // Counted now; published on the next tick, outside Redis's delete path.
+            stats::bump(&stats::LEASE_EXPIRATIONS, v.state.holders.len() as u64);
+            crate::lease::schedule_expiry_report(ctx, db, key, v.state.kind);
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
-            let lease_ended = CStr::from_ptr(event).to_bytes() == b"expired";
-            if lease_ended {
-                crate::lease::schedule_serve(ctx, db, key, IfAbsent::Grant);
-            } else if !crate::ffi::Key::open(ctx, keyname, false).is_empty() {
-                // Still there (a new TTL, overwritten...): the serve pass sorts it out.
-                crate::lease::schedule_serve(ctx, db, key, IfAbsent::Retry);
+            let if_absent = if expired {
+                IfAbsent::Grant
             } else {
-                // Deleted, renamed, migrated to another node: this lock is not
-                // here any more, so its waiters must not be handed a new one.
-                crate::blocking::fail_all(db, key, KEY_GONE_ERR);
-            }
+                IfAbsent::Retry
+            };
+            crate::lease::schedule_serve(ctx, db, key, if_absent);
         }
-        crate::ffi::OK
     })
+}
+
+/// Publishes that a key's holds ended because Redis expired the key.
+pub fn report_expiry(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
+    if !crate::ffi::select_db(ctx, db) {
+        return;
+    }
+    publish(ctx, db, key, EndReason::Expired);
+    let keyname = OwnedStr::new(key);
+    keyspace(ctx, kind, Event::End(EndReason::Expired), keyname.ptr());
 }
