@@ -1,0 +1,376 @@
+//! `make bench`: the native locks against the Lua baselines, in one run.
+//!
+//! Starts its own redis-server processes (free loopback port, temp dir, the
+//! module loaded, no persistence; a fresh one per measurement so that no run
+//! inherits another's keys, timers or fragmentation), measures
+//!
+//! - (a) uncontended cost: server µs per call and pipelined throughput of
+//!   acquire and release, native vs `SET NX PX` (the floor) vs Redisson's Lua;
+//! - (b) contention: K clients on one key, native BLOCK vs Redisson's
+//!   subscribe-and-retry protocol;
+//! - (c) expiry handoff: lease deadline -> waiter's grant;
+//! - (d) scale: memory per lock, idle CPU with many leased locks, release
+//!   cost with many waiters;
+//!
+//! and writes BENCHMARKS.md (machine, versions, tables, ratios, targets).
+//!
+//! `BENCH_QUICK=1` shrinks every size for a smoke run. `BENCH_ONLY=a,b,c,d`
+//! runs a subset (`a1`: time per call, `a2`: throughput, `d1`: memory and idle
+//! CPU, `d2`: release with waiters). `BENCH_OUT` overrides the output file.
+
+mod contention;
+mod expiry;
+mod locks;
+mod report;
+mod resp;
+mod scale;
+mod server;
+mod uncontended;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use locks::{Family, Impl, Lock, Scripts};
+
+pub struct Cfg {
+    pub quick: bool,
+    pub cost_calls: usize,
+    pub cost_rounds: usize,
+    pub tput_secs: f64,
+    pub tput_clients: usize,
+    pub tput_max_keys_per_client: usize,
+    pub pipeline: usize,
+    pub contention_secs: f64,
+    pub ks: Vec<usize>,
+    pub expiry_trials: usize,
+    pub scale_locks: usize,
+    pub idle_secs: f64,
+    pub waiters: usize,
+    pub native_releases: usize,
+    pub lua_releases: usize,
+}
+
+impl Cfg {
+    fn new(quick: bool) -> Cfg {
+        if quick {
+            Cfg {
+                quick,
+                cost_calls: 20_000,
+                cost_rounds: 1,
+                tput_secs: 1.0,
+                tput_clients: 8,
+                tput_max_keys_per_client: 200_000,
+                pipeline: 64,
+                contention_secs: 1.5,
+                ks: vec![1, 8, 64],
+                expiry_trials: 20,
+                scale_locks: 100_000,
+                idle_secs: 3.0,
+                waiters: 1_000,
+                native_releases: 200,
+                lua_releases: 50,
+            }
+        } else {
+            Cfg {
+                quick,
+                cost_calls: 30_000,
+                cost_rounds: 5,
+                tput_secs: 1.5,
+                tput_clients: 8,
+                tput_max_keys_per_client: 500_000,
+                pipeline: 64,
+                contention_secs: 3.0,
+                ks: vec![1, 8, 64],
+                expiry_trials: 100,
+                scale_locks: 1_000_000,
+                idle_secs: 5.0,
+                waiters: 10_000,
+                native_releases: 1_000,
+                lua_releases: 100,
+            }
+        }
+    }
+}
+
+pub struct Env {
+    pub module: PathBuf,
+    pub scripts: Arc<Scripts>,
+    pub cfg: Cfg,
+}
+
+/// A barrier whose waits time out (a stuck or dead thread fails the run
+/// instead of hanging it).
+pub struct Gate {
+    n: usize,
+    state: Mutex<(usize, u64)>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub fn new(n: usize) -> Gate {
+        Gate {
+            n,
+            state: Mutex::new((0, 0)),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub fn wait(&self) {
+        let mut st = self.state.lock().expect("gate");
+        let generation = st.1;
+        st.0 += 1;
+        if st.0 == self.n {
+            st.0 = 0;
+            st.1 += 1;
+            self.cv.notify_all();
+            return;
+        }
+        let (st, timeout) = self
+            .cv
+            .wait_timeout_while(st, Duration::from_secs(300), |s| s.1 == generation)
+            .expect("gate");
+        assert!(
+            !timeout.timed_out() || st.1 != generation,
+            "benchmark threads did not meet within 300 s"
+        );
+    }
+}
+
+static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+pub fn progress(msg: &str) {
+    let t = STARTED.get_or_init(Instant::now).elapsed().as_secs_f64();
+    eprintln!("[bench {t:6.1}s] {msg}");
+}
+
+/// Every measurement here may need thousands of sockets: lift the soft limit
+/// on open files to the hard one (redis-server inherits it).
+fn raise_fd_limit() -> u64 {
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+        lim.rlim_cur
+    }
+}
+
+pub const NATIVE: [Lock; 4] = [
+    Lock::new(Impl::Native, Family::Reentrant),
+    Lock::new(Impl::Native, Family::Fair),
+    Lock::new(Impl::Native, Family::Write),
+    Lock::new(Impl::Native, Family::Read),
+];
+pub const LUA: [Lock; 4] = [
+    Lock::new(Impl::Lua, Family::Reentrant),
+    Lock::new(Impl::Lua, Family::Fair),
+    Lock::new(Impl::Lua, Family::Write),
+    Lock::new(Impl::Lua, Family::Read),
+];
+pub const FLOOR: Lock = Lock::new(Impl::Floor, Family::Reentrant);
+pub const PLAIN_FLOOR: Lock = Lock::new(Impl::PlainFloor, Family::Reentrant);
+
+#[derive(Default)]
+pub struct Results {
+    pub costs: Vec<uncontended::CallCost>,
+    pub throughput: Vec<uncontended::Throughput>,
+    pub contention: Vec<contention::ContentionResult>,
+    pub expiry: Vec<expiry::Handoff>,
+    pub memory: Vec<scale::Memory>,
+    pub idle_empty: Option<scale::Idle>,
+    pub waiters: Vec<scale::Waiters>,
+    pub runtime_s: f64,
+    pub load_before: String,
+    pub load_after: String,
+    pub fd_limit: u64,
+    pub waiters_wanted: usize,
+}
+
+fn main() {
+    let started = *STARTED.get_or_init(Instant::now);
+    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let only: Option<Vec<String>> = std::env::var("BENCH_ONLY").ok().map(|v| {
+        v.split(',')
+            .map(|s| s.trim().to_lowercase())
+            .filter(|s| !s.is_empty())
+            .collect()
+    });
+    let run = |section: &str| only.as_ref().is_none_or(|o| o.iter().any(|s| s == section));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let module = std::env::var_os("RLOCK_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/release/librlock.so"));
+    if !module.exists() {
+        eprintln!(
+            "{} is missing: build the module first (`make build`, or `make bench` which does)",
+            module.display()
+        );
+        std::process::exit(2);
+    }
+    let out = std::env::var_os("BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("BENCHMARKS.md"));
+    let env = Env {
+        module,
+        scripts: Arc::new(Scripts::read(&root.join("bench/lua"))),
+        cfg: Cfg::new(quick),
+    };
+    let mut r = Results {
+        fd_limit: raise_fd_limit(),
+        load_before: report::loadavg(),
+        ..Default::default()
+    };
+    progress(&format!(
+        "mode: {}; open-files limit {}",
+        if quick { "quick (BENCH_QUICK)" } else { "full" },
+        r.fd_limit
+    ));
+
+    let mut locks = vec![FLOOR, PLAIN_FLOOR];
+    for (n, l) in NATIVE.iter().zip(LUA.iter()) {
+        locks.push(*n);
+        locks.push(*l);
+    }
+    if run("a") || run("a1") {
+        progress("(a) uncontended: server time per call");
+        // Also with AOF on: effects are then built and propagated (as with replicas).
+        let mut with_aof = locks.clone();
+        with_aof.extend([FLOOR.with_aof(), NATIVE[0].with_aof(), LUA[0].with_aof()]);
+        r.costs = uncontended::call_costs(&env, &with_aof);
+    }
+    if run("a") || run("a2") {
+        progress("(a) uncontended: pipelined throughput");
+        for lock in &locks {
+            let t = uncontended::throughput(&env, *lock);
+            progress(&format!(
+                "  {:<44} acquire {:>9.0}/s  release {:>9.0}/s",
+                lock.label(),
+                t.acquire_per_s,
+                t.release_per_s
+            ));
+            r.throughput.push(t);
+        }
+    }
+
+    if run("b") {
+        progress("(b) contention");
+        let pairs = [
+            Lock::new(Impl::Native, Family::Reentrant),
+            Lock::new(Impl::Lua, Family::Reentrant),
+            Lock::new(Impl::Native, Family::Fair),
+            Lock::new(Impl::Lua, Family::Fair),
+        ];
+        for &k in &env.cfg.ks {
+            for lock in pairs {
+                let c = contention::run(&env, lock, k);
+                progress(&format!(
+                    "  K={k:<3} {:<28} {:>8.0} acq/s  p50 {:>7.0} us  p99 {:>8.0} us  {:.2} cmds/acq  {:.2} wake-ups/release",
+                    lock.label(),
+                    c.rate(),
+                    c.percentile_us(50.0),
+                    c.percentile_us(99.0),
+                    c.commands_per_acquisition(),
+                    c.wakeups_per_release()
+                ));
+                r.contention.push(c);
+            }
+        }
+    }
+
+    if run("c") {
+        progress("(c) expiry handoff");
+        for lock in [
+            Lock::new(Impl::Native, Family::Reentrant),
+            Lock::new(Impl::Lua, Family::Reentrant),
+        ] {
+            let h = expiry::run(&env, lock);
+            progress(&format!(
+                "  {:<28} p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+                lock.label(),
+                h.percentile_ms(50.0),
+                h.percentile_ms(99.0),
+                h.max_ms()
+            ));
+            r.expiry.push(h);
+        }
+    }
+
+    if run("d") || run("d1") {
+        let n = env.cfg.scale_locks;
+        progress(&format!("(d) scale: {n} held locks"));
+        for (lock, idle) in [
+            (Lock::new(Impl::Native, Family::Reentrant), true),
+            (Lock::new(Impl::Lua, Family::Reentrant), true),
+            (FLOOR, false),
+        ] {
+            let m = scale::memory(&env, lock, n, idle);
+            progress(&format!(
+                "  {:<44} {:.0} B/lock{}",
+                lock.label(),
+                m.bytes_per_lock,
+                m.idle
+                    .as_ref()
+                    .map(|i| format!(", idle CPU {:.2}% of a core", i.cpu_pct))
+                    .unwrap_or_default()
+            ));
+            r.memory.push(m);
+        }
+        let e = scale::idle_empty(&env);
+        progress(&format!(
+            "  empty server: idle CPU {:.2}% of a core",
+            e.cpu_pct
+        ));
+        r.idle_empty = Some(e);
+    }
+
+    if run("d") || run("d2") {
+        r.waiters_wanted = env.cfg.waiters;
+        let n = env
+            .cfg
+            .waiters
+            .min((r.fd_limit as usize).saturating_sub(256))
+            .max(2);
+        progress(&format!("(d) scale: release with {n} waiters vs 1"));
+        let native = Lock::new(Impl::Native, Family::Reentrant);
+        let lua = Lock::new(Impl::Lua, Family::Reentrant);
+        let m = env.cfg.native_releases.min(n);
+        let lm = env.cfg.lua_releases;
+        let (one, many) = scale::native_release(&env, native, n, m);
+        for w in [
+            one,
+            many,
+            scale::lua_release(&env, lua, 1, lm),
+            scale::lua_release(&env, lua, n, lm),
+        ] {
+            progress(&format!(
+                "  {:<28} {:>6} waiters: {:8.2} us/release (server), rtt p50 {:.0} us, woken {}",
+                w.lock.label(),
+                w.waiters,
+                w.server_us,
+                w.rtt_p50_us,
+                w.woken
+            ));
+            r.waiters.push(w);
+        }
+    }
+
+    r.runtime_s = started.elapsed().as_secs_f64();
+    r.load_after = report::loadavg();
+    let text = report::render(&env, &r, &root);
+    std::fs::write(&out, &text).unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+    progress(&format!("wrote {} ({:.0} s)", out.display(), r.runtime_s));
+    print!("{}", report::summary(&r));
+}

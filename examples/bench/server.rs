@@ -1,0 +1,210 @@
+//! A private redis-server with the module loaded: free loopback port, temp
+//! dir, no persistence; killed when dropped. Plus the server-side readings the
+//! benchmark takes: INFO sections, commandstats, the process's CPU time.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::cmd;
+use crate::resp::{Conn, Value};
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+pub struct Server {
+    pub port: u16,
+    pub pid: u32,
+    dir: PathBuf,
+    child: Child,
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Server {
+    /// Starts redis-server with the module; `maxclients` when many connections are needed.
+    pub fn start(module: &Path, maxclients: Option<usize>) -> Server {
+        Self::start_with(Some(module), maxclients, false)
+    }
+
+    /// `module: None` starts a plain redis-server (a reference point).
+    /// `aof`: AOF on with `appendfsync no` (effects are propagated and written,
+    /// without waiting for the disk).
+    pub fn start_with(module: Option<&Path>, maxclients: Option<usize>, aof: bool) -> Server {
+        let mut last_err = String::new();
+        for _ in 0..5 {
+            match Self::try_start(module, maxclients, aof) {
+                Ok(s) => return s,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("could not start redis-server: {last_err}");
+    }
+
+    fn try_start(
+        module: Option<&Path>,
+        maxclients: Option<usize>,
+        aof: bool,
+    ) -> Result<Server, String> {
+        let port = free_port().map_err(|e| e.to_string())?;
+        let dir = std::env::temp_dir().join(format!(
+            "rlock-bench-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(dir.join("redis.log")).map_err(|e| e.to_string())?;
+        let mut command = Command::new("redis-server");
+        command
+            .arg("--port")
+            .arg(port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--save", ""]);
+        if aof {
+            command.args(["--appendonly", "yes", "--appendfsync", "no"]);
+        } else {
+            command.args(["--appendonly", "no"]);
+        }
+        if let Some(module) = module {
+            command.arg("--loadmodule").arg(module);
+        }
+        if let Some(n) = maxclients {
+            command.args(["--maxclients", &n.to_string()]);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("redis-server: {e} (is it installed? `make deps`)"))?;
+        let pid = child.id();
+        let mut server = Server {
+            port,
+            pid,
+            dir,
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = Conn::connect(port) {
+                if let Ok(Value::Simple(s)) = cmd!(c; "PING") {
+                    if s == "PONG" {
+                        return Ok(server);
+                    }
+                }
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(format!("redis-server exited ({status}):\n{}", server.log()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("redis-server did not answer:\n{}", server.log()));
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+
+    pub fn conn(&self) -> Conn {
+        Conn::connect(self.port).expect("connect to the benchmark server")
+    }
+
+    /// `INFO <section>` as field -> value.
+    pub fn info(&self, section: &str) -> HashMap<String, String> {
+        let mut c = self.conn();
+        let text = cmd!(c; "INFO", section).expect("INFO").text();
+        text.lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+            .collect()
+    }
+
+    pub fn info_i64(&self, section: &str, field: &str) -> i64 {
+        self.info(section)
+            .get(field)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("INFO {section} has no integer field {field}"))
+    }
+
+    pub fn reset_stats(&self, c: &mut Conn) {
+        let r = cmd!(c; "CONFIG", "RESETSTAT").expect("CONFIG RESETSTAT");
+        assert!(!r.is_error(), "CONFIG RESETSTAT: {r:?}");
+    }
+
+    /// `INFO commandstats`: command -> (calls, total usec).
+    pub fn commandstats(&self) -> HashMap<String, (u64, u64)> {
+        let mut out = HashMap::new();
+        for (k, v) in self.info("commandstats") {
+            let Some(name) = k.strip_prefix("cmdstat_") else {
+                continue;
+            };
+            let field = |f: &str| -> u64 {
+                v.split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(n, _)| *n == f)
+                    .and_then(|(_, x)| x.parse().ok())
+                    .unwrap_or(0)
+            };
+            out.insert(name.to_string(), (field("calls"), field("usec")));
+        }
+        out
+    }
+
+    /// CPU time the server process used so far (all threads), in nanoseconds.
+    pub fn cpu_ns(&self) -> u64 {
+        process_cpu_ns(self.pid)
+    }
+}
+
+/// Sum of the per-thread `schedstat` run times (ns precision); falls back to
+/// `stat` utime + stime (clock ticks).
+pub fn process_cpu_ns(pid: u32) -> u64 {
+    let mut total = 0u64;
+    let mut found = false;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                if let Some(ns) = s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse::<u64>().ok())
+                {
+                    total += ns;
+                    found = true;
+                }
+            }
+        }
+    }
+    if found {
+        return total;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the ")" that closes the command name; utime and stime are 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000_000 / hz
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

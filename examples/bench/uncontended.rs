@@ -1,0 +1,236 @@
+//! (a) Uncontended cost: server microseconds per call (INFO commandstats after
+//! CONFIG RESETSTAT) and pipelined throughput, acquire and release of free locks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::locks::{owner, Lock, Scripts};
+use crate::server::Server;
+use crate::{Env, Gate};
+
+/// Lease of every hold in this section (Redisson's default watchdog lease).
+pub const LEASE_MS: u64 = 30_000;
+
+pub struct CallCost {
+    pub lock: Lock,
+    /// Server µs per call, one value per round.
+    pub acquire_us: Vec<f64>,
+    pub release_us: Vec<f64>,
+}
+
+/// Median over rounds of `a`'s time / `b`'s time in the same round (the rounds
+/// of all locks are interleaved, so each ratio compares measurements taken
+/// seconds apart, under the same background load).
+pub fn ratio(a: &[f64], b: &[f64]) -> f64 {
+    let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    median(&r)
+}
+
+impl CallCost {
+    pub fn acquire_ratio(&self, other: &CallCost) -> f64 {
+        ratio(&self.acquire_us, &other.acquire_us)
+    }
+    pub fn release_ratio(&self, other: &CallCost) -> f64 {
+        ratio(&self.release_us, &other.release_us)
+    }
+    pub fn acquire(&self) -> f64 {
+        median(&self.acquire_us)
+    }
+    pub fn release(&self) -> f64 {
+        median(&self.release_us)
+    }
+}
+
+pub struct Throughput {
+    pub lock: Lock,
+    pub acquire_per_s: f64,
+    pub release_per_s: f64,
+    pub clients: usize,
+    pub pipeline: usize,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn key(prefix: &str, i: usize) -> String {
+    format!("{prefix}lock:{i:08}")
+}
+
+/// Acquires `keys` (all free) in pipelined batches; panics on any refusal.
+fn acquire_all(
+    c: &mut crate::resp::Conn,
+    s: &Scripts,
+    lock: Lock,
+    keys: &[String],
+    owner: &str,
+    lease_ms: u64,
+    batch: usize,
+) {
+    for chunk in keys.chunks(batch) {
+        for k in chunk {
+            lock.queue_acquire(c, s, k, owner, lease_ms, None);
+        }
+        c.flush().expect("send");
+        for v in c.read_n(chunk.len()).expect("replies") {
+            match lock.acquire_result(&v) {
+                Ok(None) => {}
+                other => panic!("{}: acquire of a free lock failed: {other:?}", lock.label()),
+            }
+        }
+    }
+}
+
+fn release_all(
+    c: &mut crate::resp::Conn,
+    s: &Scripts,
+    lock: Lock,
+    keys: &[String],
+    owner: &str,
+    batch: usize,
+) {
+    for chunk in keys.chunks(batch) {
+        for k in chunk {
+            lock.queue_release(c, s, k, owner, LEASE_MS);
+        }
+        c.flush().expect("send");
+        for v in c.read_n(chunk.len()).expect("replies") {
+            assert!(lock.released(&v), "{}: release failed: {v:?}", lock.label());
+        }
+    }
+}
+
+/// Server time per call of one lock's acquire and release, on a fresh server.
+fn one_round(env: &Env, lock: Lock, calls: usize) -> (f64, f64) {
+    let srv = Server::start_with(
+        lock.with_module().then_some(env.module.as_path()),
+        None,
+        lock.aof,
+    );
+    let mut c = srv.conn();
+    env.scripts.load(&mut c);
+    let keys: Vec<String> = (0..calls).map(|i| key("", i)).collect();
+    let who = owner(1, 1);
+    let per_call = |name: &str| -> f64 {
+        let stats = srv.commandstats();
+        let (n, usec) = stats.get(name).copied().unwrap_or((0, 0));
+        assert_eq!(
+            n as usize,
+            calls,
+            "{}: commandstats counted {n} {name} calls",
+            lock.label()
+        );
+        usec as f64 / n as f64
+    };
+    srv.reset_stats(&mut c);
+    acquire_all(&mut c, &env.scripts, lock, &keys, &who, LEASE_MS, 500);
+    let acquire = per_call(lock.acquire_stat());
+    srv.reset_stats(&mut c);
+    release_all(&mut c, &env.scripts, lock, &keys, &who, 500);
+    let release = per_call(lock.release_stat());
+    (acquire, release)
+}
+
+/// Rounds are interleaved across locks so that a drift in background load
+/// touches every lock alike; each lock's result is the median of its rounds.
+pub fn call_costs(env: &Env, locks: &[Lock]) -> Vec<CallCost> {
+    let mut out: Vec<CallCost> = locks
+        .iter()
+        .map(|&lock| CallCost {
+            lock,
+            acquire_us: vec![],
+            release_us: vec![],
+        })
+        .collect();
+    for round in 0..env.cfg.cost_rounds {
+        for cc in out.iter_mut() {
+            let (a, r) = one_round(env, cc.lock, env.cfg.cost_calls);
+            crate::progress(&format!(
+                "  round {} {:<44} acquire {a:6.2} us  release {r:6.2} us",
+                round + 1,
+                cc.lock.label()
+            ));
+            cc.acquire_us.push(a);
+            cc.release_us.push(r);
+        }
+    }
+    out
+}
+
+/// Pipelined throughput: `clients` connections, each acquiring distinct free
+/// keys in batches of `pipeline` for the set time, then releasing them all.
+pub fn throughput(env: &Env, lock: Lock) -> Throughput {
+    let srv = Server::start_with(
+        lock.with_module().then_some(env.module.as_path()),
+        None,
+        lock.aof,
+    );
+    env.scripts.load(&mut srv.conn());
+    let clients = env.cfg.tput_clients;
+    let pipeline = env.cfg.pipeline;
+    let secs = Duration::from_secs_f64(env.cfg.tput_secs);
+    let cap = env.cfg.tput_max_keys_per_client;
+    let barrier = Arc::new(Gate::new(clients + 1));
+    let handles: Vec<_> = (0..clients)
+        .map(|t| {
+            let barrier = barrier.clone();
+            let scripts = env.scripts.clone();
+            let port = srv.port;
+            std::thread::spawn(move || {
+                let mut c = crate::resp::Conn::connect(port).expect("connect");
+                let who = owner(100 + t as u64, t as u64);
+                let prefix = format!("t{t}:");
+                let mut keys: Vec<String> = Vec::new();
+                barrier.wait();
+                let end = Instant::now() + secs;
+                while Instant::now() < end && keys.len() < cap {
+                    let from = keys.len();
+                    keys.extend((from..from + pipeline).map(|i| key(&prefix, i)));
+                    acquire_all(
+                        &mut c,
+                        &scripts,
+                        lock,
+                        &keys[from..],
+                        &who,
+                        LEASE_MS,
+                        pipeline,
+                    );
+                }
+                barrier.wait();
+                barrier.wait();
+                release_all(&mut c, &scripts, lock, &keys, &who, pipeline);
+                barrier.wait();
+                keys.len()
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t0 = Instant::now();
+    barrier.wait();
+    let acquire_time = t0.elapsed().as_secs_f64();
+    barrier.wait();
+    let t1 = Instant::now();
+    barrier.wait();
+    let release_time = t1.elapsed().as_secs_f64();
+    let total: usize = handles
+        .into_iter()
+        .map(|h| h.join().expect("client thread"))
+        .sum();
+    Throughput {
+        lock,
+        acquire_per_s: total as f64 / acquire_time,
+        release_per_s: total as f64 / release_time,
+        clients,
+        pipeline,
+    }
+}
