@@ -148,6 +148,7 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     };
     let count = api!(RedisModule_LoadUnsigned)(rdb);
     let mut state = LockState::new(kind);
+    state.holders.reserve_exact(count.min(1 << 20) as usize);
     for _ in 0..count {
         let mut len = 0usize;
         let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);

@@ -108,6 +108,10 @@ impl LockState {
         let holder = match self.position(owner) {
             Some(i) => &mut self.holders[i],
             None => {
+                // Most locks have one holder: a first push would reserve four.
+                if self.holders.is_empty() {
+                    self.holders.reserve_exact(1);
+                }
                 self.holders.push(Holder {
                     owner: owner.to_vec(),
                     reads: 0,
@@ -195,6 +199,13 @@ mod tests {
         assert_eq!(s.release(b"a", Mode::Write), Ok((0, true)));
         assert!(s.is_free());
         assert_eq!(s.release(b"a", Mode::Write), Err(NotOwner));
+    }
+
+    #[test]
+    fn a_single_holder_takes_room_for_one() {
+        let mut s = LockState::new(Kind::Reentrant);
+        s.grant(b"a", Mode::Write, 1, &mut || 1);
+        assert_eq!(s.holders.capacity(), 1);
     }
 
     #[test]
