@@ -878,16 +878,6 @@ fn seed() -> u64 {
         .unwrap_or(DEFAULT_SEED)
 }
 
-fn used_memory(c: &mut Connection) -> i64 {
-    let info: String = cmd("INFO").arg("memory").query(c).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn random_malformed_vectors_are_refused_without_side_effects() {
     let started = Instant::now();

@@ -147,17 +147,7 @@ fn qint<C: ConnectionLike>(c: &mut C, args: &[&str]) -> i64 {
 }
 
 fn qinfo<C: ConnectionLike>(c: &mut C, args: &[&str]) -> Option<Vec<(String, Value)>> {
-    match q(c, args).unwrap() {
-        Value::Nil => None,
-        Value::Array(items) => Some(
-            items
-                .chunks(2)
-                .map(|kv| (as_string(&kv[0]), kv[1].clone()))
-                .collect(),
-        ),
-        Value::Map(items) => Some(items.into_iter().map(|(k, v)| (as_string(&k), v)).collect()),
-        other => panic!("unexpected INFO reply {other:?}"),
-    }
+    parse_info(q(c, args).unwrap())
 }
 
 fn acquire_args<'a>(family: &str, key: &'a str, owner: &'a str) -> Vec<String> {

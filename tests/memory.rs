@@ -8,16 +8,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn used_memory(c: &mut Connection) -> i64 {
-    let info: String = cmd("INFO").arg("memory").query(c).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Memory after the server settled (client buffers freed, lazy frees done).
 fn settled_memory(c: &mut Connection) -> i64 {
     std::thread::sleep(Duration::from_millis(200));

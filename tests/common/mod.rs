@@ -319,7 +319,12 @@ pub fn error(c: &mut Connection, args: &[&str]) -> String {
 
 /// `*.INFO` as field -> value, from a RESP2 flat array or a RESP3 map.
 pub fn info_map(c: &mut Connection, args: &[&str]) -> Option<Vec<(String, Value)>> {
-    match call(c, args).unwrap() {
+    parse_info(call(c, args).unwrap())
+}
+
+/// A `*.INFO` reply as field -> value (`None` for nil).
+pub fn parse_info(reply: Value) -> Option<Vec<(String, Value)>> {
+    match reply {
         Value::Nil => None,
         Value::Array(items) => Some(
             items
@@ -330,6 +335,17 @@ pub fn info_map(c: &mut Connection, args: &[&str]) -> Option<Vec<(String, Value)
         Value::Map(items) => Some(items.into_iter().map(|(k, v)| (as_string(&k), v)).collect()),
         other => panic!("unexpected INFO reply {other:?}"),
     }
+}
+
+/// `used_memory` from INFO memory: every byte the server and module allocated.
+pub fn used_memory(c: &mut Connection) -> i64 {
+    let info: String = cmd("INFO").arg("memory").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 pub fn field(info: &[(String, Value)], name: &str) -> Value {
