@@ -10,8 +10,9 @@
 //! token. So a release costs one wake-up, however long the queue.
 //!
 //! The queues live here, not in the key's value: they are made of connections,
-//! are neither persisted nor replicated, and must survive the key being
-//! deleted or expiring under them (the next holder then starts a fresh value).
+//! are neither persisted nor replicated, and must outlive the value when Redis
+//! expires the key under them (the first waiter then starts a fresh value) or
+//! removes it (the waiters are then told to retry).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
