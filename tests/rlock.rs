@@ -975,8 +975,9 @@ fn memory_usage_and_scan_by_type_see_lock_keys() {
     let big = int(&mut c, &["MEMORY", "USAGE", "big"]);
     let many = int(&mut c, &["MEMORY", "USAGE", "many"]);
     assert!(small > 0, "{small}");
+    // The 4 KiB owner must show; the rest depends on the allocator's size classes.
     assert!(
-        big >= small + 4095,
+        big >= small + 4000,
         "the owner's bytes count: {small} vs {big}"
     );
     assert!(
