@@ -82,8 +82,9 @@ impl Slot {
 /// (internal callers); a command passes its own family and gets WRONGTYPE otherwise.
 pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Action) -> Reply {
     let now = now_ms();
+    let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
     // Opening may make Redis expire the key (its TTL is the latest deadline);
-    // notify::on_keyspace_event then records that expiry.
+    // the type's unlink hook (notify::on_unlink) then records that expiry.
     let key = Key::open(ctx, keyname, true);
     let existing = match key.module_value::<LockValue>(lock_type()) {
         Err(()) => return Reply::err(WRONGTYPE_ERR),
@@ -99,9 +100,7 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
             // key itself (its TTL is the latest deadline): hand it to the first
             // waiter now rather than on the next turn of the event loop.
             Action::Serve | Action::Expire { .. } => {
-                match blocking::with_queue(selected_db(ctx), unsafe { bytes(keyname) }, |q| {
-                    q.kind()
-                }) {
+                match blocking::with_queue(db, name, |q| q.kind()) {
                     Some(k) => k,
                     None => return Reply::Null,
                 }
@@ -109,8 +108,6 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
             _ => return Reply::Null,
         },
     };
-    let db = selected_db(ctx);
-    let name = unsafe { bytes(keyname) };
     let mut slot = match existing {
         Some(p) => Slot::Existing(p),
         None => Slot::Fresh(LockState::new(kind)),
@@ -312,7 +309,7 @@ fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
                 SETSTATE.as_ptr(),
                 c"sccbllll".as_ptr(),
                 keyname,
-                kind_cstr(state.kind).as_ptr(),
+                state.kind.c_name().as_ptr(),
                 c"1".as_ptr(),
                 h.owner.as_ptr(),
                 h.owner.len(),
@@ -336,14 +333,6 @@ fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
             argv.len(),
         )
     };
-}
-
-fn kind_cstr(kind: Kind) -> &'static std::ffi::CStr {
-    match kind {
-        Kind::Reentrant => c"rlock",
-        Kind::Fair => c"fairlock",
-        Kind::ReadWrite => c"rwlock",
-    }
 }
 
 fn replicate_del(ctx: *mut Ctx, keyname: *mut RStr) {

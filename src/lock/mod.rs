@@ -20,11 +20,17 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The family's name, as INFO shows it and RLOCK.SETSTATE carries it.
     pub fn name(self) -> &'static str {
+        self.c_name().to_str().expect("ASCII")
+    }
+
+    /// The same name, NUL-terminated for the module API.
+    pub fn c_name(self) -> &'static std::ffi::CStr {
         match self {
-            Kind::Reentrant => "rlock",
-            Kind::Fair => "fairlock",
-            Kind::ReadWrite => "rwlock",
+            Kind::Reentrant => c"rlock",
+            Kind::Fair => c"fairlock",
+            Kind::ReadWrite => c"rwlock",
         }
     }
 
