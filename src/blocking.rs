@@ -171,9 +171,7 @@ pub fn deliver(served: Vec<Served>) {
                 stats::bump(&stats::CONTENDED_GRANTS, 1);
                 (id, Status::Granted(token))
             }
-            Served::Refused { id } => {
-                (id, Status::Failed(crate::commands::UPGRADE_ERR.to_string()))
-            }
+            Served::Refused { id, error } => (id, Status::Failed(error.to_string())),
         };
         unblock(id, status);
     }

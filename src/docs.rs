@@ -270,6 +270,25 @@ const SETSTATE: Command = Command {
     ],
 };
 
+/// `RLOCK.DELTA key delta`
+const DELTA: Command = Command {
+    name: "delta",
+    summary: "Applies the steps of one lock change to single holders (internal: sent by a master to its replicas and written to the AOF; refused from other clients).",
+    complexity: Some("O(S log N) where S is the number of steps and N the number of holders"),
+    arity: 3,
+    mode: false,
+    key_flags: KEY_RW | KEY_UPDATE,
+    tips: None,
+    args: &[arg(
+        "delta",
+        Type::String,
+        "the steps, in rlock's binary delta encoding",
+    )],
+};
+
+/// Commands only a master or the AOF may send.
+const INTERNAL: [&Command; 2] = [&SETSTATE, &DELTA];
+
 /// Plain data, filled out of the description, before it is laid out for C.
 struct Doc {
     summary: String,
@@ -310,14 +329,17 @@ fn family_doc(family: &Family, command: &Command) -> Doc {
 /// The description of a command by its full name (lowercase), if it has one.
 fn doc_for(name: &str) -> Option<Doc> {
     let (prefix, rest) = name.split_once('.')?;
-    if prefix == "rlock" && rest == SETSTATE.name {
+    if let Some(c) = INTERNAL
+        .iter()
+        .find(|c| prefix == "rlock" && c.name == rest)
+    {
         return Some(Doc {
-            summary: SETSTATE.summary.to_string(),
-            complexity: SETSTATE.complexity.unwrap_or_default().to_string(),
-            arity: SETSTATE.arity,
-            key_flags: SETSTATE.key_flags,
-            tips: SETSTATE.tips,
-            args: [&[KEY][..], SETSTATE.args].concat(),
+            summary: c.summary.to_string(),
+            complexity: c.complexity.unwrap_or_default().to_string(),
+            arity: c.arity,
+            key_flags: c.key_flags,
+            tips: c.tips,
+            args: [&[KEY][..], c.args].concat(),
         });
     }
     let family = FAMILIES.iter().find(|f| f.prefix == prefix)?;
@@ -521,8 +543,9 @@ unsafe fn describe_inner(ctx: *mut Ctx, name: &CStr) -> bool {
 fn acl_categories(name: &str) -> &'static CStr {
     match name.rsplit('.').next() {
         Some("acquire") => c"write blocking slow",
-        Some("info") => c"read fast",
-        Some("setstate") => c"write slow dangerous",
+        // INFO lists every holder (and the FAIRLOCK queue): O(N), not fast.
+        Some("info") => c"read slow",
+        Some("setstate") | Some("delta") => c"write slow dangerous",
         _ => c"write fast",
     }
 }
@@ -549,12 +572,13 @@ mod tests {
     #[test]
     fn acl_categories_follow_what_commands_do() {
         assert_eq!(acl_categories("rlock.acquire"), c"write blocking slow");
-        assert_eq!(acl_categories("rwlock.info"), c"read fast");
+        assert_eq!(acl_categories("rwlock.info"), c"read slow");
+        assert_eq!(acl_categories("rlock.delta"), c"write slow dangerous");
         assert_eq!(acl_categories("fairlock.release"), c"write fast");
         assert_eq!(acl_categories("rlock.setstate"), c"write slow dangerous");
     }
 
-    const ALL: [&str; 16] = [
+    const ALL: [&str; 17] = [
         "rlock.acquire",
         "rlock.release",
         "rlock.renew",
@@ -571,6 +595,7 @@ mod tests {
         "rwlock.forcerelease",
         "rwlock.info",
         "rlock.setstate",
+        "rlock.delta",
     ];
 
     #[test]

@@ -19,9 +19,9 @@ unsafe extern "C" fn on_role_change(
         role::listener_seen();
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
             // Promotion: this server now expires leases and serves waiters.
-            lease::rebuild(ctx);
+            lease::resume(ctx);
         } else {
-            lease::clear(ctx);
+            lease::pause(ctx);
         }
     })
 }
@@ -36,7 +36,7 @@ unsafe extern "C" fn on_loading(
         raw::REDISMODULE_SUBEVENT_LOADING_ENDED | raw::REDISMODULE_SUBEVENT_LOADING_FAILED => {
             role::set_loading(false);
             role::refresh(ctx);
-            lease::rebuild(ctx);
+            lease::resume(ctx);
         }
         _ => role::set_loading(true),
     })

@@ -9,6 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const CLOCK_SHIFT: u32 = 20;
 
+/// The largest valid token: tokens travel as RESP integers, which are signed.
+pub const MAX: u64 = i64::MAX as u64;
+
+/// How far a token from elsewhere (a master, an RDB file, RESTORE) may run
+/// ahead of this server's clock floor before it counts as invalid input: one
+/// year, far more than any clock skew, far less than the range left (the clock
+/// floor reaches `MAX` in the year 2248).
+const AHEAD_MS: i64 = 365 * 24 * 3600 * 1000;
+
 static LAST: AtomicU64 = AtomicU64::new(0);
 
 /// The next token after `last` at unix time `now_ms`.
@@ -17,12 +26,23 @@ pub fn next(last: u64, now_ms: i64) -> u64 {
     last.saturating_add(1).max(floor)
 }
 
-/// Issues a token. Main thread only (commands, timers), like every grant.
-pub fn issue(now_ms: i64) -> u64 {
+/// Issues a token, or none once the range is used up (a grant is then refused
+/// rather than handing out a token that wraps or goes negative).
+/// Main thread only (commands, timers), like every grant.
+pub fn issue(now_ms: i64) -> Option<u64> {
     let token = next(LAST.load(Ordering::Relaxed), now_ms);
+    if token > MAX {
+        return None;
+    }
     LAST.store(token, Ordering::Relaxed);
     crate::stats::bump(&crate::stats::TOKENS_ISSUED, 1);
-    token
+    Some(token)
+}
+
+/// The largest token a loader or a replicated change may carry at `now_ms`.
+pub fn max_accepted(now_ms: i64) -> u64 {
+    let ms = now_ms.clamp(0, i64::MAX - AHEAD_MS) + AHEAD_MS;
+    ((ms as u64).saturating_mul(1 << CLOCK_SHIFT)).min(MAX)
 }
 
 /// Records a token issued elsewhere (by the master, or found in RDB/AOF) so
@@ -51,5 +71,14 @@ mod tests {
         // A clock that went backwards cannot lower tokens.
         assert_eq!(next(t2, now - 10_000), t2 + 1);
         assert_eq!(next(u64::MAX, now), u64::MAX);
+    }
+
+    #[test]
+    fn accepted_tokens_stay_near_the_clock_and_in_range() {
+        let now = 1_700_000_000_000;
+        let max = max_accepted(now);
+        assert!(max > next(0, now) && max < (((now + AHEAD_MS + 1) as u64) << 20));
+        assert_eq!(max_accepted(i64::MAX), MAX);
+        assert!(max_accepted(-5) > 0);
     }
 }

@@ -831,10 +831,10 @@ fn lease_expiry_fires_a_keyspace_event() {
 }
 
 #[test]
-fn the_lease_schedule_tracks_only_live_locks() {
+fn the_lease_schedule_watches_only_keys_redis_cannot_end_alone() {
     let s = Server::start();
     let mut c = s.client();
-    // Default 30 s leases: ended holds must not leave entries behind for 30 s.
+    // Default 30 s leases: ended holds must not leave entries behind.
     for i in 0..2000 {
         let k = format!("k{}", i % 7);
         int(&mut c, &["RLOCK.ACQUIRE", &k, "a"]);
@@ -842,31 +842,41 @@ fn the_lease_schedule_tracks_only_live_locks() {
         int(&mut c, &["RLOCK.RELEASE", &k, "a"]);
     }
     assert_eq!(stat(&mut c, "lease_schedule"), 0);
+    // One holder, nobody waiting: the key's TTL is the lease, Redis ends it.
     for i in 0..10 {
         int(&mut c, &["RLOCK.ACQUIRE", &format!("held{i}"), "a"]);
     }
+    int(&mut c, &["RLOCK.ACQUIRE", "short", "a", "PX", "100"]);
+    assert_eq!(stat(&mut c, "lease_schedule"), 0);
+    // Several readers: each lease is its own, so the earliest is watched.
     int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r1", "PX", "300"]);
     int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r2"]);
-    assert_eq!(stat(&mut c, "lease_schedule"), 11);
-    // Keys removed by Redis (DEL, RENAME, FLUSHDB) take their entries with them.
-    assert_eq!(int(&mut c, &["DEL", "held0", "held1"]), 2);
-    let _: () = cmd("RENAME")
-        .arg("held2")
-        .arg("moved")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(stat(&mut c, "lease_schedule"), 8);
-    // The renamed lock is watched again once touched, and still ends on time.
-    int(&mut c, &["RLOCK.RENEW", "moved", "a", "PX", "100"]);
-    assert_eq!(stat(&mut c, "lease_schedule"), 9);
+    assert_eq!(stat(&mut c, "lease_schedule"), 1);
+    // A parked waiter: its lock is watched, to hand it over at deadline + 1 ms.
+    let waiter = spawn_call(&s, &["RLOCK.ACQUIRE", "held0", "b", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    assert_eq!(stat(&mut c, "lease_schedule"), 2);
+    // A key removed by Redis takes its entry with it (the waiter must retry).
+    assert_eq!(int(&mut c, &["DEL", "held0"]), 1);
+    let told = waiter.join().unwrap().0.unwrap_err();
+    assert_eq!(told.code(), Some("TRYAGAIN"), "{told}");
+    assert_eq!(stat(&mut c, "lease_schedule"), 1);
+    // The short lock ends through Redis's expiry, reported like any other.
     wait_until(Duration::from_secs(3), || {
-        int(&mut c, &["EXISTS", "moved"]) == 0
+        int(&mut c, &["EXISTS", "short"]) == 0
     });
-    // The reader's own expiry re-arms the key for the other reader.
+    // The first reader's expiry leaves one reader: nothing left to watch.
     wait_until(Duration::from_secs(3), || {
         stat(&mut c, "lease_expirations") >= 2
     });
-    assert_eq!(stat(&mut c, "lease_schedule"), 8);
+    assert_eq!(stat(&mut c, "lease_schedule"), 0);
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw"]).unwrap();
+    match field(&info, "readers") {
+        Value::Array(r) => assert_eq!(r.len(), 1),
+        other => panic!("{other:?}"),
+    }
+    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r3"]);
+    assert_eq!(stat(&mut c, "lease_schedule"), 1);
     let _: () = cmd("FLUSHDB").query(&mut c).unwrap();
     assert_eq!(stat(&mut c, "lease_schedule"), 0);
 }

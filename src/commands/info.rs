@@ -3,28 +3,21 @@
 
 use crate::blocking;
 use crate::ffi::{bytes, now_ms, selected_db, Ctx, Key, RStr, Reply};
-use crate::lock::{Holder, Kind};
+use crate::lock::{err, Holder, Kind};
 use crate::store::{lock_type, LockValue};
-
-use super::WRONGTYPE_ERR;
 
 pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
     let key = Key::open(ctx, keyname, false);
     let value = match key.module_value::<LockValue>(lock_type()) {
-        Err(()) => return Reply::err(WRONGTYPE_ERR),
+        Err(()) => return Reply::err(err::WRONGTYPE),
         Ok(None) => return Reply::Null,
         Ok(Some(v)) => unsafe { &*v },
     };
-    if value.state.kind != kind {
-        return Reply::err(WRONGTYPE_ERR);
+    if value.state.kind() != kind {
+        return Reply::err(err::WRONGTYPE);
     }
     let now = now_ms();
-    let live: Vec<&Holder> = value
-        .state
-        .holders
-        .iter()
-        .filter(|h| h.deadline >= now)
-        .collect();
+    let live: Vec<&Holder> = value.state.iter().filter(|h| h.deadline >= now).collect();
     if live.is_empty() {
         return Reply::Null;
     }
@@ -36,7 +29,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
             let h = live[0];
             let mut fields = vec![
                 ("kind", Reply::Bulk(kind.name().into())),
-                ("owner", Reply::Bulk(h.owner.clone())),
+                ("owner", Reply::Bulk(h.owner.to_vec())),
                 ("holds", Reply::Int(h.writes as i64)),
                 ("token", Reply::Int(h.token as i64)),
                 ("ttl", ttl(h)),
@@ -44,7 +37,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
             ];
             if kind == Kind::Fair {
                 let queue = blocking::with_queue(db, name, |q| {
-                    q.waiters().map(|w| Reply::Bulk(w.owner.clone())).collect()
+                    q.waiters().map(|w| Reply::Bulk(w.owner.to_vec())).collect()
                 });
                 fields.push(("queue", Reply::Array(queue.unwrap_or_default())));
             }
@@ -57,7 +50,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
                 .filter(|h| h.reads > 0)
                 .map(|h| {
                     Reply::Map(vec![
-                        ("owner", Reply::Bulk(h.owner.clone())),
+                        ("owner", Reply::Bulk(h.owner.to_vec())),
                         ("holds", Reply::Int(h.reads as i64)),
                         ("token", Reply::Int(h.token as i64)),
                         ("ttl", ttl(h)),
@@ -73,7 +66,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
                 ),
                 (
                     "writer",
-                    writer.map_or(Reply::Null, |w| Reply::Bulk(w.owner.clone())),
+                    writer.map_or(Reply::Null, |w| Reply::Bulk(w.owner.to_vec())),
                 ),
                 (
                     "writer_holds",

@@ -13,12 +13,7 @@ use crate::engine::{self, Action};
 use crate::ffi::{self, bytes, now_ms, Ctx, RStr, Reply};
 use crate::lock::{Kind, Mode};
 
-pub use setstate::setstate;
-
-pub const WRONGTYPE_ERR: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
-pub const NOTOWNER_ERR: &str = "NOTOWNER the owner does not hold this lock";
-pub const UPGRADE_ERR: &str =
-    "ERR the owner holds READ: upgrading to WRITE would deadlock, release READ first";
+pub use setstate::{delta, setstate};
 
 fn arity_error(argv: &[*mut RStr]) -> Reply {
     let name = argv

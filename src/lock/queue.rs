@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Admission, Kind, LockState, Mode};
+use super::{err, Admission, Delta, Kind, LockState, Mode};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiter {
@@ -20,9 +20,11 @@ pub enum Served {
         id: u64,
         token: u64,
     },
-    /// Its owner came to hold READ while it waited for WRITE: an upgrade, refused.
+    /// Answered with an error instead: its owner came to hold READ while it
+    /// waited for WRITE (an upgrade), or the grant itself was refused.
     Refused {
         id: u64,
+        error: &'static str,
     },
 }
 
@@ -75,20 +77,30 @@ impl WaitQueue {
         &mut self,
         lock: &mut LockState,
         now: i64,
-        issue: &mut dyn FnMut() -> u64,
+        issue: &mut dyn FnMut() -> Option<u64>,
+        delta: &mut Delta,
     ) -> Vec<Served> {
         let mut served = Vec::new();
-        while let Some(mut entry) = self.entries.first_entry() {
-            let head = entry.get_mut();
-            match lock.admit(&head.owner, head.mode) {
+        while let Some(entry) = self.entries.first_entry() {
+            let head = entry.get();
+            let outcome = match lock.admit(&head.owner, head.mode) {
                 Admission::Busy => break,
-                Admission::Upgrade => served.push(Served::Refused { id: head.id }),
+                Admission::Upgrade => Served::Refused {
+                    id: head.id,
+                    error: err::UPGRADE,
+                },
                 Admission::Fresh | Admission::Reentrant => {
                     let deadline = now.saturating_add(head.lease_ms);
-                    let token = lock.grant(&head.owner, head.mode, deadline, issue);
-                    served.push(Served::Granted { id: head.id, token });
+                    match lock.grant(&head.owner, head.mode, deadline, issue, delta) {
+                        Ok(token) => Served::Granted { id: head.id, token },
+                        Err(refused) => Served::Refused {
+                            id: head.id,
+                            error: refused.0,
+                        },
+                    }
                 }
-            }
+            };
+            served.push(outcome);
             entry.remove();
         }
         served
@@ -112,7 +124,7 @@ mod tests {
         served
             .iter()
             .map(|s| match s {
-                Served::Granted { id, .. } | Served::Refused { id } => *id,
+                Served::Granted { id, .. } | Served::Refused { id, .. } => *id,
             })
             .collect()
     }
@@ -124,21 +136,27 @@ mod tests {
         let mut next = 0;
         let mut issue = || {
             next += 1;
-            next
+            Some(next)
         };
-        lock.grant(b"holder", Mode::Write, 10, &mut issue);
+        lock.grant(b"holder", Mode::Write, 10, &mut issue, &mut Delta::off())
+            .unwrap();
         for (id, o) in [(1, "a"), (2, "b"), (3, "c")] {
             q.push(waiter(id, o, Mode::Write));
         }
-        assert!(q.serve(&mut lock, 5, &mut issue).is_empty());
-        lock.release(b"holder", Mode::Write).unwrap();
-        let served = q.serve(&mut lock, 5, &mut issue);
+        assert!(q
+            .serve(&mut lock, 5, &mut issue, &mut Delta::off())
+            .is_empty());
+        lock.release(b"holder", Mode::Write, &mut Delta::off())
+            .unwrap();
+        let served = q.serve(&mut lock, 5, &mut issue, &mut Delta::off());
         assert_eq!(ids(&served), vec![1]);
-        assert_eq!(lock.holders[0].owner, b"a");
-        assert_eq!(lock.holders[0].deadline, 1005);
+        assert_eq!(lock.holder(b"a").unwrap().deadline, 1005);
         q.remove(2);
-        lock.release(b"a", Mode::Write).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 6, &mut issue)), vec![3]);
+        lock.release(b"a", Mode::Write, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 6, &mut issue, &mut Delta::off())),
+            vec![3]
+        );
         assert!(q.is_empty());
     }
 
@@ -149,34 +167,53 @@ mod tests {
         let mut next = 0;
         let mut issue = || {
             next += 1;
-            next
+            Some(next)
         };
-        lock.grant(b"w0", Mode::Write, 10, &mut issue);
+        lock.grant(b"w0", Mode::Write, 10, &mut issue, &mut Delta::off())
+            .unwrap();
         q.push(waiter(1, "r1", Mode::Read));
         q.push(waiter(2, "r2", Mode::Read));
         q.push(waiter(3, "w1", Mode::Write));
         q.push(waiter(4, "r3", Mode::Read));
-        lock.release(b"w0", Mode::Write).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 0, &mut issue)), vec![1, 2]);
+        lock.release(b"w0", Mode::Write, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 0, &mut issue, &mut Delta::off())),
+            vec![1, 2]
+        );
         assert_eq!(q.head_id(), Some(3));
-        lock.release(b"r1", Mode::Read).unwrap();
-        assert!(q.serve(&mut lock, 0, &mut issue).is_empty());
-        lock.release(b"r2", Mode::Read).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 0, &mut issue)), vec![3]);
-        lock.release(b"w1", Mode::Write).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 0, &mut issue)), vec![4]);
+        lock.release(b"r1", Mode::Read, &mut Delta::off()).unwrap();
+        assert!(q
+            .serve(&mut lock, 0, &mut issue, &mut Delta::off())
+            .is_empty());
+        lock.release(b"r2", Mode::Read, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 0, &mut issue, &mut Delta::off())),
+            vec![3]
+        );
+        lock.release(b"w1", Mode::Write, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 0, &mut issue, &mut Delta::off())),
+            vec![4]
+        );
     }
 
     #[test]
     fn queued_upgrade_is_refused_not_granted() {
         let mut lock = LockState::new(Kind::ReadWrite);
         let mut q = WaitQueue::new(Kind::ReadWrite);
-        let mut issue = || 1;
-        lock.grant(b"a", Mode::Read, 10, &mut issue);
+        let mut issue = || Some(1);
+        lock.grant(b"a", Mode::Read, 10, &mut issue, &mut Delta::off())
+            .unwrap();
         q.push(waiter(1, "a", Mode::Write));
         q.push(waiter(2, "b", Mode::Read));
-        let served = q.serve(&mut lock, 0, &mut issue);
-        assert_eq!(served[0], Served::Refused { id: 1 });
+        let served = q.serve(&mut lock, 0, &mut issue, &mut Delta::off());
+        assert_eq!(
+            served[0],
+            Served::Refused {
+                id: 1,
+                error: err::UPGRADE
+            }
+        );
         assert!(matches!(served[1], Served::Granted { id: 2, .. }));
     }
 }
