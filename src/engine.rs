@@ -287,13 +287,7 @@ fn apply(
                 change.dirty = true;
                 Reply::Simple("OK")
             }
-            Err(e) => {
-                crate::ffi::log_warning(&format!(
-                    "rlock: refused a replicated change to key '{}': {e}",
-                    String::from_utf8_lossy(name)
-                ));
-                Reply::err(e)
-            }
+            Err(e) => Reply::err(e),
         },
         Action::Expire | Action::Serve => Reply::Null,
     }

@@ -29,10 +29,11 @@ pub fn setstate(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         return Reply::err("ERR wrong number of arguments for 'rlock.setstate' command");
     }
     let rest: Vec<&[u8]> = argv[2..].iter().map(|a| unsafe { bytes(*a) }).collect();
-    match parse_setstate(&rest, crate::token::max_accepted(now_ms())) {
+    let reply = match parse_setstate(&rest, crate::token::max_accepted(now_ms())) {
         Ok(state) => engine::execute(ctx, argv[1], None, Action::SetState(state)),
-        Err(e) => refuse(argv[1], e),
-    }
+        Err(e) => Reply::err(e),
+    };
+    logged(argv[1], reply)
 }
 
 pub fn delta(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
@@ -42,18 +43,21 @@ pub fn delta(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
     if argv.len() != 3 {
         return Reply::err("ERR wrong number of arguments for 'rlock.delta' command");
     }
-    match delta::decode(unsafe { bytes(argv[2]) }) {
+    let reply = match delta::decode(unsafe { bytes(argv[2]) }) {
         Some((kind, ops)) => engine::execute(ctx, argv[1], None, Action::Replay(kind, ops)),
-        None => refuse(argv[1], err::INVALID_DELTA),
-    }
+        None => Reply::err(err::INVALID_DELTA),
+    };
+    logged(argv[1], reply)
 }
 
 /// A replicated change that cannot be applied leaves the key as it was; the
 /// log says so, since nobody reads the reply.
-fn refuse(key: *mut RStr, e: &'static str) -> Reply {
-    log_warning(&format!(
-        "rlock: refused a replicated change to key '{}': {e}",
-        String::from_utf8_lossy(unsafe { bytes(key) })
-    ));
-    Reply::err(e)
+fn logged(key: *mut RStr, reply: Reply) -> Reply {
+    if let Reply::Error(e) = &reply {
+        log_warning(&format!(
+            "rlock: refused a replicated change to key '{}': {e}",
+            String::from_utf8_lossy(unsafe { bytes(key) })
+        ));
+    }
+    reply
 }

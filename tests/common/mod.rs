@@ -167,6 +167,12 @@ impl Server {
         self.spawn(self.port);
     }
 
+    /// Like `start_again`, with extra server arguments from now on.
+    pub fn start_again_with(&mut self, extra: &[&str]) {
+        self.args.extend(extra.iter().map(|s| s.to_string()));
+        self.start_again();
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
