@@ -151,14 +151,14 @@ const FAMILIES: [Family; 3] = [
         lock: "fair (first-come, first-served) lock",
         has_mode: false,
         holders_cost: "O(1)",
-        info_cost: "O(W) where W is the number of queued waiters",
+        info_cost: "O(W) where W is the number of queued waiters listed (all, or at most COUNT)",
     },
     Family {
         prefix: "rwlock",
         lock: "read-write lock",
         has_mode: true,
-        holders_cost: "O(H) where H is the number of owners holding the lock",
-        info_cost: "O(H) where H is the number of owners holding the lock",
+        holders_cost: "O(log H) where H is the number of owners holding the lock",
+        info_cost: "O(H) where H is the number of owners holding the lock (counted; at most COUNT of them listed)",
     },
 ];
 
@@ -180,7 +180,7 @@ struct Command {
     args: &'static [Arg],
 }
 
-const LEASE_COST: &str = "{H}, plus O(log L) when a new lease deadline is scheduled, L being the number of leased lock keys";
+const LEASE_COST: &str = "{H}, plus O(log L) when a deadline is scheduled (keys with waiters or several holders), L being the number of scheduled lock keys";
 
 const COMMANDS: [Command; 5] = [
     Command {
@@ -228,11 +228,16 @@ const COMMANDS: [Command; 5] = [
         name: "info",
         summary: "Describes a {lock}: holders, holds, fencing tokens, time to live and waiters. Returns nil when nobody holds it.",
         complexity: None,
-        arity: 2,
+        arity: -2,
         mode: false,
         key_flags: KEY_RO | KEY_ACCESS,
         tips: Some("nondeterministic_output"),
-        args: &[],
+        args: &[optional(token(
+            "COUNT",
+            "count",
+            Type::Integer,
+            "list at most this many readers or queued owners (the counts stay exact)",
+        ))],
     },
 ];
 

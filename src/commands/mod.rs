@@ -104,10 +104,16 @@ pub fn force_release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
 }
 
 pub fn info(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
-    if argv.len() != 2 {
-        return arity_error(argv);
-    }
-    info::describe(ctx, argv[1], kind)
+    let count = match argv.len() {
+        2 => usize::MAX,
+        4 => match args::count(arg(argv, 2), arg(argv, 3)) {
+            Ok(n) => n,
+            Err(e) => return Reply::err(e),
+        },
+        3 => return Reply::err(args::SYNTAX_ERR),
+        _ => return arity_error(argv),
+    };
+    info::describe(ctx, argv[1], kind, count)
 }
 
 /// Runs a handler with its panics contained and writes its reply.
