@@ -13,7 +13,7 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::ffi::{api, now_ms, OwnedStr};
-use crate::lock::{Holder, Kind, LockState};
+use crate::lock::{Holder, Kind, LockState, Owner};
 use crate::stats;
 
 /// RDB encoding version of a lock value.
@@ -167,7 +167,7 @@ unsafe fn load_state(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Result<Lock
         if buf.is_null() {
             return Err("short read".into());
         }
-        let owner: Box<[u8]> = std::slice::from_raw_parts(buf.cast::<u8>(), len).into();
+        let owner = Owner::new(std::slice::from_raw_parts(buf.cast::<u8>(), len));
         api!(RedisModule_Free)(buf.cast());
         let (reads, writes) = (
             api!(RedisModule_LoadUnsigned)(rdb),

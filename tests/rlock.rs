@@ -489,7 +489,11 @@ fn malformed_calls_get_errors_and_change_nothing() {
             "ERR wrong number of arguments",
         ),
         (&["RLOCK.INFO"], "ERR wrong number of arguments"),
-        (&["RLOCK.INFO", "k", "x"], "ERR wrong number of arguments"),
+        (&["RLOCK.INFO", "k", "x"], "ERR syntax error"),
+        (
+            &["RLOCK.INFO", "k", "COUNT", "1", "x"],
+            "ERR wrong number of arguments",
+        ),
         (&["RLOCK.ACQUIRE", "k", "a", "NX", "1"], "ERR syntax error"),
         (&["RLOCK.ACQUIRE", "k", "a", "PX"], "ERR syntax error"),
         (

@@ -1008,15 +1008,15 @@ fn info_count_caps_the_lists_not_the_counts() {
     assert!(matches!(field(&info, "readers"), Value::Array(r) if r.len() == 50));
 
     int(&mut c, &["FAIRLOCK.ACQUIRE", "f", "holder"]);
-    let waiters: Vec<_> = (0..5)
-        .map(|i| {
-            spawn_call(
-                &s,
-                &["FAIRLOCK.ACQUIRE", "f", &format!("w{i}"), "BLOCK", "5000"],
-            )
-        })
-        .collect();
-    wait_parked(&mut c, 5);
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let owner = format!("w{i}");
+        waiters.push(spawn_call(
+            &s,
+            &["FAIRLOCK.ACQUIRE", "f", &owner, "BLOCK", "5000"],
+        ));
+        wait_parked(&mut c, i + 1);
+    }
     let info = info_map(&mut c, &["FAIRLOCK.INFO", "f", "COUNT", "2"]).unwrap();
     assert_eq!(as_int(&field(&info, "waiters")), 5);
     match field(&info, "queue") {

@@ -14,9 +14,20 @@
 //! - `E token` the holder's lease ended;
 //! - `F` every holder ended (forced).
 
+use std::cell::Cell;
+
 use super::{Kind, Mode};
 
 const VERSION: u8 = 1;
+
+/// Buffers larger than this are not kept for the next change.
+const SPARE_LIMIT: usize = 4096;
+
+thread_local! {
+    /// The last change's buffer, reused: most commands record one small delta,
+    /// and an allocation per command shows on the acquire path.
+    static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
 
 /// Steps recorded by the state machine while it changes a lock.
 #[derive(Debug)]
@@ -28,7 +39,8 @@ pub struct Delta {
 impl Delta {
     /// Records the steps of a change to a lock of `kind`.
     pub fn recording(kind: Kind) -> Delta {
-        let mut buf = Vec::with_capacity(64);
+        let mut buf = SPARE.take();
+        buf.clear();
         buf.extend([VERSION, kind.code() as u8]);
         Delta {
             buf,
@@ -100,6 +112,14 @@ impl Delta {
     pub fn force(&mut self) {
         if self.recording {
             self.step(b'F', None, None, None);
+        }
+    }
+}
+
+impl Drop for Delta {
+    fn drop(&mut self) {
+        if self.buf.capacity() > 0 && self.buf.capacity() <= SPARE_LIMIT {
+            SPARE.set(std::mem::take(&mut self.buf));
         }
     }
 }

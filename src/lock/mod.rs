@@ -5,10 +5,12 @@
 //! which requests are compatible with the current holders (`LockState::admit`).
 
 pub mod delta;
+mod owner;
 mod queue;
 mod state;
 
 pub use delta::{Delta, Op};
+pub use owner::Owner;
 pub use queue::{Served, WaitQueue, Waiter};
 pub use state::{Admission, Holder, LockState, NotOwner, Refused};
 

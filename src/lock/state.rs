@@ -12,13 +12,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::delta::{Delta, Op};
-use super::{err, Kind, Mode};
+use super::{err, Kind, Mode, Owner};
 
 /// One owner's tenure on a lock. The token is fixed for the whole tenure; the
 /// deadline is per holder, so one reader's lease never moves another's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
-    pub owner: Box<[u8]>,
+    pub owner: Owner,
     pub token: u64,
     /// Last unix millisecond at which the hold is valid (expired once `now > deadline`,
     /// the same rule Redis applies to key TTLs).
@@ -68,7 +68,7 @@ pub struct Refused(pub &'static str);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Index {
     by_token: BTreeMap<u64, Holder>,
-    by_owner: HashMap<Box<[u8]>, u64>,
+    by_owner: HashMap<Owner, u64>,
     by_deadline: BTreeSet<(i64, u64)>,
 }
 
