@@ -150,8 +150,7 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
 }
 
 fn serve(db: i32, name: &[u8], state: &mut LockState, now: i64, change: &mut Change) {
-    let served = blocking::with_queue(db, name, |q| q.serve(state, now, &mut || token::issue(now)))
-        .unwrap_or_default();
+    let served = blocking::serve(db, name, state, now, &mut || token::issue(now));
     for s in &served {
         if let Served::Granted { .. } = s {
             stats::bump(&stats::GRANTS, 1);

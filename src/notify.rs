@@ -80,7 +80,7 @@ pub fn init(ctx: *mut Ctx) {
     MODULE_CONTEXT.store(detached, Ordering::Relaxed);
 }
 
-fn module_context() -> *mut Ctx {
+pub(crate) fn module_context() -> *mut Ctx {
     MODULE_CONTEXT.load(Ordering::Relaxed)
 }
 

@@ -11,7 +11,12 @@ use std::time::{Duration, Instant};
 
 pub use redis::{cmd, Connection, Value};
 
+/// The module under test: `target/release/librlock.so`, or `RLOCK_MODULE` (a
+/// path) to run the suites against another build, e.g. an older commit's.
 pub fn module_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("RLOCK_MODULE") {
+        return PathBuf::from(p);
+    }
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/librlock.so");
     assert!(
         p.exists(),
@@ -167,6 +172,21 @@ impl Server {
         self.spawn(self.port);
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// SIGSTOP: the process stops dead (no replies, no acks, no timers) until `thaw`.
+    pub fn freeze(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// SIGCONT after `freeze`.
+    pub fn thaw(&self) {
+        signal(self.pid(), "CONT");
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
@@ -184,6 +204,28 @@ impl Server {
             info.contains("master_link_status:up")
         });
     }
+}
+
+/// Sends a signal (`STOP`, `CONT`, `KILL`...) to a process.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// `master_repl_offset` (master) or `slave_repl_offset` (replica) from INFO replication.
+pub fn repl_offset(c: &mut Connection) -> i64 {
+    let info: String = cmd("INFO").arg("replication").query(c).unwrap();
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix("master_repl_offset:")
+                .or_else(|| l.strip_prefix("slave_repl_offset:"))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no replication offset in:\n{info}"))
 }
 
 /// `RLOCK_VALGRIND=1` runs every server under valgrind's memcheck; each server
