@@ -89,6 +89,17 @@ unsafe extern "C" fn on_replica_change(
     _data: *mut c_void,
 ) {
     role::listener_seen();
+    role::replicas_changed();
+}
+
+/// serverCron ticked: keeps the min-replicas verdict fresh (when configured).
+unsafe extern "C" fn on_cron(
+    _ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    _sub: u64,
+    _data: *mut c_void,
+) {
+    crate::ffi::contained("cron", (), role::on_cron)
 }
 
 /// CONFIG SET: min-replicas-* may have changed.
@@ -108,7 +119,7 @@ pub fn subscribe(ctx: *mut Ctx) -> bool {
     // The first token epoch starts at load (a restart with no dataset
     // fires no loading event).
     token::start_epoch(now_ms());
-    let events: [(u64, raw::RedisModuleEventCallback); 6] = [
+    let events: [(u64, raw::RedisModuleEventCallback); 7] = [
         (
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             Some(on_role_change),
@@ -121,6 +132,7 @@ pub fn subscribe(ctx: *mut Ctx) -> bool {
             Some(on_replica_change),
         ),
         (raw::REDISMODULE_EVENT_CONFIG, Some(on_config_change)),
+        (raw::REDISMODULE_EVENT_CRON_LOOP, Some(on_cron)),
     ];
     // No keyspace-event subscription: the type's unlink hook sees every removal
     // of a lock key, and other keys' events never call into the module.

@@ -126,6 +126,7 @@ pub fn read_min_replicas(ctx: *mut Ctx) {
     let lag = config_number(ctx, "min-replicas-max-lag").unwrap_or(10);
     MIN_TO_WRITE.store(to_write, Ordering::Relaxed);
     MAX_LAG.store(lag, Ordering::Relaxed);
+    replicas_changed();
 }
 
 struct Info(*mut raw::RedisModuleServerInfoData);
@@ -192,16 +193,56 @@ pub fn good_replicas<'a>(
 }
 
 /// Whether this master would refuse a write now for lack of good replicas.
-/// Never true on a replica, or when min-replicas-to-write is off.
+/// Never true on a replica, or when min-replicas-to-write is off (one atomic
+/// load then). Otherwise the verdict is recomputed on every server cron tick
+/// (`on_cron`) and whenever a replica attaches or leaves, and used while it is
+/// at most `FRESH_MS` old; an older one (the server was frozen or busy) is
+/// recomputed on the spot.
 pub fn refuses_writes() -> bool {
-    if !is_master() {
+    if !is_master() || !min_replicas_configured() {
         return false;
     }
+    let now = crate::ffi::now_ms();
+    let at = VERDICT_AT.load(Ordering::Relaxed);
+    if at != 0 && now >= at && now - at <= FRESH_MS {
+        return VERDICT.load(Ordering::Relaxed);
+    }
+    judge(now)
+}
+
+/// The server cron ticked (hz times a second): refresh the verdict.
+pub fn on_cron() {
+    if is_master() && min_replicas_configured() {
+        judge(crate::ffi::now_ms());
+    }
+}
+
+/// A replica attached or left: the verdict must be recomputed.
+pub fn replicas_changed() {
+    VERDICT_AT.store(0, Ordering::Relaxed);
+}
+
+/// The error a refused write gets (the text Redis uses).
+pub const NOREPLICAS_ERR: &str = "NOREPLICAS Not enough good replicas to write.";
+
+const FRESH_MS: i64 = 250;
+static VERDICT: AtomicBool = AtomicBool::new(false);
+static VERDICT_AT: AtomicI64 = AtomicI64::new(0);
+
+fn min_replicas_configured() -> bool {
+    MIN_TO_WRITE.load(Ordering::Relaxed) > 0 && MAX_LAG.load(Ordering::Relaxed) > 0
+}
+
+fn judge(now: i64) -> bool {
+    let refused = count_refuses(now);
+    VERDICT.store(refused, Ordering::Relaxed);
+    VERDICT_AT.store(now, Ordering::Relaxed);
+    refused
+}
+
+fn count_refuses(now: i64) -> bool {
     let to_write = MIN_TO_WRITE.load(Ordering::Relaxed);
     let max_lag = MAX_LAG.load(Ordering::Relaxed);
-    if to_write <= 0 || max_lag <= 0 {
-        return false;
-    }
     let Some(repl) = Info::get(c"replication") else {
         return true;
     };
@@ -219,7 +260,7 @@ pub fn refuses_writes() -> bool {
         .collect();
     let good = good_replicas(
         lines.iter().map(String::as_str),
-        crate::ffi::now_ms(),
+        now,
         cached_us / 1000,
         max_lag,
     );

@@ -336,21 +336,32 @@ fn frozen_master_deposed_in_split_brain_hands_nothing_over_when_it_wakes() {
     assert_eq!(wait_acked(&mut m, 2000), 1);
     let w = waiter(&master, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "5000"], 200);
     wait_parked(&mut m, 1);
+    // An ACQUIRE of a free lock queued behind the sleep runs as soon as the
+    // master wakes, before Redis recounts its good replicas.
     let mut sleeper = master.client();
     let asleep = std::thread::spawn(move || {
-        let _: () = cmd("DEBUG")
+        redis::pipe()
+            .cmd("DEBUG")
             .arg("SLEEP")
             .arg("3")
-            .query(&mut sleeper)
-            .unwrap();
+            .cmd("RLOCK.ACQUIRE")
+            .arg("free")
+            .arg("x")
+            .query::<((), i64)>(&mut sleeper)
     });
     sleep(Duration::from_millis(300));
     let mut r = replica.client();
     let _: () = cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
-    asleep.join().unwrap();
+    let refused = asleep.join().unwrap();
+    assert_eq!(
+        refused.as_ref().err().and_then(|e| e.code()),
+        Some("NOREPLICAS"),
+        "{refused:?}"
+    );
     let (reply, _, _) = w.join().unwrap();
     assert_eq!(reply, Value::Nil, "the deposed master handed the lock over");
     assert_eq!(owner_of(&mut m, "RLOCK.INFO", "k"), None);
+    assert_eq!(int(&mut m, &["EXISTS", "free"]), 0);
 }
 
 // ---------------------------------------------------------------------------
