@@ -448,3 +448,106 @@ pub fn wait_parked(c: &mut Connection, n: i64) {
 pub fn client_id(c: &mut Connection) -> i64 {
     cmd("CLIENT").arg("ID").query(c).unwrap()
 }
+
+/// A `redis-sentinel` process (Debian's `redis-sentinel` package) watching one
+/// master, on its own port and directory; killed when dropped.
+pub struct Sentinel {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Sentinel {
+    /// Monitors `master_port` on 127.0.0.1 as `name`.
+    pub fn start(name: &str, master_port: u16, quorum: u32, down_after_ms: u64) -> Sentinel {
+        let port = free_port();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "sentinel-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {name} {down_after_ms}\n\
+                 sentinel failover-timeout {name} 6000\n\
+                 sentinel parallel-syncs {name} 2\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("sentinel.log")).unwrap();
+        let child = Command::new("redis-sentinel")
+            .arg(&conf)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("redis-sentinel must be installed (make deps)");
+        let mut s = Sentinel {
+            port,
+            dir,
+            child: Some(child),
+        };
+        wait_until(Duration::from_secs(10), || {
+            s.try_client()
+                .is_ok_and(|mut c| cmd("PING").query::<String>(&mut c).is_ok())
+        });
+        assert!(s.child.as_mut().unwrap().try_wait().unwrap().is_none());
+        s
+    }
+
+    fn try_client(&self) -> redis::RedisResult<Connection> {
+        let c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        let c = c.get_connection_with_timeout(Duration::from_millis(500))?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+        Ok(c)
+    }
+
+    /// The master's port as this sentinel sees it (`SENTINEL get-master-addr-by-name`).
+    pub fn master_port(&self, name: &str) -> Option<u16> {
+        let mut c = self.try_client().ok()?;
+        let addr: Option<(String, u16)> = cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(name)
+            .query(&mut c)
+            .ok()?;
+        addr.map(|(_, port)| port)
+    }
+
+    /// How many other sentinels and replicas this one knows of.
+    pub fn known(&self, name: &str) -> (usize, usize) {
+        let Ok(mut c) = self.try_client() else {
+            return (0, 0);
+        };
+        let count = |what: &str, c: &mut Connection| -> usize {
+            cmd("SENTINEL")
+                .arg(what)
+                .arg(name)
+                .query::<Vec<Value>>(c)
+                .map(|v| v.len())
+                .unwrap_or(0)
+        };
+        (count("sentinels", &mut c), count("replicas", &mut c))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
