@@ -457,6 +457,47 @@ fn summary(label: &str, history: &[Grant], errors: u64) {
     );
 }
 
+/// One server's time as (possibly deposed) master: from the fault that made
+/// it master (0 for the first) until it was seen back as a replica (or the
+/// end). A server is master again only after a later fault, so its tenures
+/// never overlap.
+#[derive(Clone, Copy, Debug)]
+struct Tenure {
+    server: u16,
+    from: Duration,
+    until: Duration,
+}
+
+impl Tenure {
+    fn grants<'a>(&self, history: &'a [Grant]) -> Vec<&'a Grant> {
+        history
+            .iter()
+            .filter(|g| {
+                g.server == self.server && g.granted >= self.from && g.granted <= self.until
+            })
+            .collect()
+    }
+}
+
+/// Every token of a tenure is above every token of the one before it (the
+/// master it replaced, also while that one kept granting as a deposed master).
+fn assert_tenures_ordered(history: &[Grant], tenures: &[Tenure]) {
+    for pair in tenures.windows(2) {
+        let (old, new) = (pair[0].grants(history), pair[1].grants(history));
+        assert!(!new.is_empty(), "no grants on the new master {:?}", pair[1]);
+        let max_old = old.iter().map(|g| g.token).max();
+        let min_new = new.iter().map(|g| g.token).min();
+        if let (Some(o), Some(n)) = (max_old, min_new) {
+            assert!(
+                n > o,
+                "a token of master {:?} ({o}) outranks its successor's {:?} ({n})",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Scenarios
 
@@ -478,10 +519,14 @@ fn kill_scenario(clients: usize, rounds: usize, timing: &Timing) {
             max_hold_ms: 300,
         },
     );
-    let mut masters = vec![d.servers[0].port];
+    let mut tenures = vec![Tenure {
+        server: d.servers[0].port,
+        from: Duration::ZERO,
+        until: Duration::MAX,
+    }];
     for round in 0..rounds {
         sleep(timing.warmup);
-        let old = *masters.last().unwrap();
+        let old = tenures.last().unwrap().server;
         let killed_at = run.since_start();
         let killed = Instant::now();
         d.server(old).kill();
@@ -490,7 +535,12 @@ fn kill_scenario(clients: usize, rounds: usize, timing: &Timing) {
             "[kill round {round}] master {old} killed at {killed_at:?}; {new} promoted after {:?}",
             seen - killed
         );
-        masters.push(new);
+        tenures.last_mut().unwrap().until = run.since_start();
+        tenures.push(Tenure {
+            server: new,
+            from: killed_at,
+            until: Duration::MAX,
+        });
         sleep(timing.after);
         // The killed node comes back empty; Sentinel makes it a replica.
         d.server(old).start_again();
@@ -499,7 +549,7 @@ fn kill_scenario(clients: usize, rounds: usize, timing: &Timing) {
     }
     sleep(Duration::from_millis(500));
     let (history, errors) = run.finish();
-    let new = *masters.last().unwrap();
+    let new = tenures.last().unwrap().server;
     // Every node ends with the same data.
     for s in &d.servers {
         if s.port != new {
@@ -510,24 +560,7 @@ fn kill_scenario(clients: usize, rounds: usize, timing: &Timing) {
     summary("kill", &history, errors);
     eprintln!("[kill] converged, digest {digest}");
 
-    for pair in masters.windows(2) {
-        let (old, new) = (pair[0], pair[1]);
-        let after_kill = history.iter().filter(|g| g.server == new).count();
-        assert!(after_kill > 0, "no grants on the new master {new}");
-        let max_old = history
-            .iter()
-            .filter(|g| g.server == old)
-            .map(|g| g.token)
-            .max();
-        let min_new = history
-            .iter()
-            .filter(|g| g.server == new)
-            .map(|g| g.token)
-            .min();
-        if let (Some(o), Some(n)) = (max_old, min_new) {
-            assert!(n > o, "new master's tokens ({n}) below the old one's ({o})");
-        }
-    }
+    assert_tenures_ordered(&history, &tenures);
     let acked: Vec<&Grant> = history.iter().filter(|g| g.acks >= 1).collect();
     let overlaps = overlapping(&acked);
     assert!(
@@ -580,11 +613,15 @@ fn freeze_scenario(min_replicas: bool, clients: usize, rounds: usize, timing: &T
             max_hold_ms: 300,
         },
     );
-    let mut masters = vec![d.servers[0].port];
+    let mut tenures = vec![Tenure {
+        server: d.servers[0].port,
+        from: Duration::ZERO,
+        until: Duration::MAX,
+    }];
     let mut freezes = vec![];
     for round in 0..rounds {
         sleep(timing.warmup);
-        let old = *masters.last().unwrap();
+        let old = tenures.last().unwrap().server;
         let frozen_at = run.since_start();
         d.server(old).freeze();
         let (new, _) = d.wait_failover(old);
@@ -595,15 +632,23 @@ fn freeze_scenario(min_replicas: bool, clients: usize, rounds: usize, timing: &T
         eprintln!(
             "[{label} round {round}] {old} frozen {frozen_at:?}..{thawed_at:?}; {new} promoted"
         );
-        freezes.push((old, new, frozen_at, thawed_at));
-        masters.push(new);
+        tenures.push(Tenure {
+            server: new,
+            from: frozen_at,
+            until: Duration::MAX,
+        });
         d.wait_replica_of(old, new, Duration::from_secs(30));
-        eprintln!("[{label} round {round}] {old} is a replica of {new} again");
+        let rejoined = run.since_start();
+        // The deposed master's tenure lasts until it is a replica again.
+        let deposed = tenures.len() - 2;
+        tenures[deposed].until = rejoined;
+        freezes.push((tenures[deposed], thawed_at));
+        eprintln!("[{label} round {round}] {old} is a replica of {new} again at {rejoined:?}");
         sleep(timing.after);
     }
     let (history, errors) = run.finish();
     summary(label, &history, errors);
-    let new = *masters.last().unwrap();
+    let new = tenures.last().unwrap().server;
     for s in &d.servers {
         if s.port != new {
             d.wait_replica_of(s.port, new, Duration::from_secs(30));
@@ -611,32 +656,19 @@ fn freeze_scenario(min_replicas: bool, clients: usize, rounds: usize, timing: &T
     }
     d.assert_converged(new);
 
-    for (old, new, frozen_at, thawed_at) in &freezes {
-        let woke: Vec<&Grant> = history
-            .iter()
-            .filter(|g| g.server == *old && g.granted >= *thawed_at)
+    assert_tenures_ordered(&history, &tenures);
+    for (deposed, thawed_at) in &freezes {
+        let woke: Vec<&Grant> = deposed
+            .grants(&history)
+            .into_iter()
+            .filter(|g| g.granted >= *thawed_at)
             .collect();
         eprintln!(
-            "[{label}] deposed master {old} (frozen at {frozen_at:?}) granted {} locks after waking",
-            woke.len()
+            "[{label}] deposed master {} granted {} locks between waking ({thawed_at:?}) and rejoining ({:?})",
+            deposed.server,
+            woke.len(),
+            deposed.until
         );
-        let max_old = history
-            .iter()
-            .filter(|g| g.server == *old)
-            .map(|g| g.token)
-            .max();
-        let min_new = history
-            .iter()
-            .filter(|g| g.server == *new)
-            .map(|g| g.token)
-            .min();
-        assert!(min_new.is_some(), "no grants on the new master {new}");
-        if let (Some(o), Some(n)) = (max_old, min_new) {
-            assert!(
-                n > o,
-                "a token of the deposed master {old} ({o}) outranks the new master's ({n})"
-            );
-        }
         if min_replicas {
             assert!(woke.is_empty(), "the deposed master granted: {woke:#?}");
         }
