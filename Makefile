@@ -9,6 +9,7 @@ all: build
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-sentinel >/dev/null 2>&1 || missing="$$missing redis-sentinel"; \
 	dpkg -s libclang-dev >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
 	if [ -n "$$missing" ]; then \
@@ -53,9 +54,11 @@ lint:
 clean:
 	cargo clean
 
-# make test, plus the long load runs (15 s per lock kind) and the valgrind suites.
+# make test, plus the long load runs (15 s per lock kind), the long Sentinel
+# failover runs (three rounds of each fault) and the valgrind suites.
 test-full: test
 	cargo test --release --test load -- --ignored
+	cargo test --release --test failover -- --ignored --nocapture
 	$(MAKE) test-valgrind
 
 # The integration suites with every redis-server under valgrind memcheck: fails on

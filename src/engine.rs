@@ -181,11 +181,14 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
 }
 
 fn serve(db: i32, name: &[u8], state: &mut LockState, now: i64, change: &mut Change) {
-    let delta = &mut change.delta;
-    let served = blocking::with_queue(db, name, |q| {
-        q.serve(state, now, &mut || token::issue(now), delta)
-    })
-    .unwrap_or_default();
+    let served = blocking::serve(
+        db,
+        name,
+        state,
+        now,
+        &mut || token::issue(now),
+        &mut change.delta,
+    );
     for s in &served {
         if let Served::Granted { .. } = s {
             stats::bump(&stats::GRANTS, 1);

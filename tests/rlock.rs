@@ -16,11 +16,16 @@ fn unix_ms() -> i64 {
 
 #[test]
 fn acquire_grants_a_token_and_creates_a_lock_key() {
+    // The clock is the floor of the epoch that started when the server did.
+    let before = unix_ms();
     let s = Server::start();
     let mut c = s.client();
-    let before = unix_ms();
     let token = int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     assert!(token >= before << 20, "token {token} below the clock floor");
+    assert!(
+        token < (unix_ms() + 1) << 20,
+        "token {token} above the clock"
+    );
     let ty: String = cmd("TYPE").arg("k").query(&mut c).unwrap();
     assert_eq!(ty, "rlock-lck");
     assert_eq!(ty.len(), 9);

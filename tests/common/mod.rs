@@ -11,7 +11,12 @@ use std::time::{Duration, Instant};
 
 pub use redis::{cmd, Connection, Value};
 
+/// The module under test: `target/release/librlock.so`, or `RLOCK_MODULE` (a
+/// path) to run the suites against another build, e.g. an older commit's.
 pub fn module_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("RLOCK_MODULE") {
+        return PathBuf::from(p);
+    }
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/librlock.so");
     assert!(
         p.exists(),
@@ -173,6 +178,21 @@ impl Server {
         self.start_again();
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// SIGSTOP: the process stops dead (no replies, no acks, no timers) until `thaw`.
+    pub fn freeze(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// SIGCONT after `freeze`.
+    pub fn thaw(&self) {
+        signal(self.pid(), "CONT");
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
@@ -190,6 +210,28 @@ impl Server {
             info.contains("master_link_status:up")
         });
     }
+}
+
+/// Sends a signal (`STOP`, `CONT`, `KILL`...) to a process.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// `master_repl_offset` (master) or `slave_repl_offset` (replica) from INFO replication.
+pub fn repl_offset(c: &mut Connection) -> i64 {
+    let info: String = cmd("INFO").arg("replication").query(c).unwrap();
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix("master_repl_offset:")
+                .or_else(|| l.strip_prefix("slave_repl_offset:"))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no replication offset in:\n{info}"))
 }
 
 /// `RLOCK_VALGRIND=1` runs every server under valgrind's memcheck; each server
@@ -411,4 +453,107 @@ pub fn wait_parked(c: &mut Connection, n: i64) {
 
 pub fn client_id(c: &mut Connection) -> i64 {
     cmd("CLIENT").arg("ID").query(c).unwrap()
+}
+
+/// A `redis-sentinel` process (Debian's `redis-sentinel` package) watching one
+/// master, on its own port and directory; killed when dropped.
+pub struct Sentinel {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Sentinel {
+    /// Monitors `master_port` on 127.0.0.1 as `name`.
+    pub fn start(name: &str, master_port: u16, quorum: u32, down_after_ms: u64) -> Sentinel {
+        let port = free_port();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "sentinel-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {name} {down_after_ms}\n\
+                 sentinel failover-timeout {name} 6000\n\
+                 sentinel parallel-syncs {name} 2\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("sentinel.log")).unwrap();
+        let child = Command::new("redis-sentinel")
+            .arg(&conf)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("redis-sentinel must be installed (make deps)");
+        let mut s = Sentinel {
+            port,
+            dir,
+            child: Some(child),
+        };
+        wait_until(Duration::from_secs(10), || {
+            s.try_client()
+                .is_ok_and(|mut c| cmd("PING").query::<String>(&mut c).is_ok())
+        });
+        assert!(s.child.as_mut().unwrap().try_wait().unwrap().is_none());
+        s
+    }
+
+    fn try_client(&self) -> redis::RedisResult<Connection> {
+        let c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        let c = c.get_connection_with_timeout(Duration::from_millis(500))?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+        Ok(c)
+    }
+
+    /// The master's port as this sentinel sees it (`SENTINEL get-master-addr-by-name`).
+    pub fn master_port(&self, name: &str) -> Option<u16> {
+        let mut c = self.try_client().ok()?;
+        let addr: Option<(String, u16)> = cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(name)
+            .query(&mut c)
+            .ok()?;
+        addr.map(|(_, port)| port)
+    }
+
+    /// How many other sentinels and replicas this one knows of.
+    pub fn known(&self, name: &str) -> (usize, usize) {
+        let Ok(mut c) = self.try_client() else {
+            return (0, 0);
+        };
+        let count = |what: &str, c: &mut Connection| -> usize {
+            cmd("SENTINEL")
+                .arg(what)
+                .arg(name)
+                .query::<Vec<Value>>(c)
+                .map(|v| v.len())
+                .unwrap_or(0)
+        };
+        (count("sentinels", &mut c), count("replicas", &mut c))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
 }
