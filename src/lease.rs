@@ -129,6 +129,8 @@ const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 struct Schedule {
     expiries: Deadlines,
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
+    /// Keys a `RESTORE` loaded a lock into, to watch once the command is over.
+    restored: Vec<DbKey>,
     /// Keys Redis expired, to report (stats, channel, keyspace event).
     expired: Vec<(i32, Vec<u8>, Kind)>,
     /// The armed Redis timer and the time it fires at.
@@ -165,13 +167,18 @@ fn watch_at(ctx: *mut Ctx, db: i32, key: &[u8], due: i64) {
 }
 
 /// A value was just loaded (RDB, full sync, `RESTORE`): watch it when it has
-/// several holders, or when it came from `RESTORE` (whose TTL is the caller's).
+/// several holders, when it came from `RESTORE` (whose TTL is the caller's), or
+/// when a lease in it already ended (the key's TTL in a file is not proof that
+/// the lock ends with it: a damaged or hand-made RDB, or a lock key whose TTL
+/// was changed, would otherwise keep a lock whose leases all ended in the
+/// keyspace until that TTL, or for ever).
 ///
 /// # Safety
 /// `rdb` must be the IO context of the value being loaded.
 pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState) {
     let restored = !crate::role::is_loading();
-    if !(restored || state.is_indexed()) {
+    let ended = state.earliest_deadline().is_some_and(|d| d < now_ms());
+    if !(restored || ended || state.is_indexed()) {
         return;
     }
     let (Some(name_of), Some(db_of), Some(earliest)) = (
@@ -186,12 +193,37 @@ pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState) {
         return;
     }
     let key = crate::ffi::bytes(name);
-    watch_at(
-        crate::notify::module_context(),
-        db_of(rdb),
-        key,
-        earliest.saturating_add(1),
-    );
+    let ctx = crate::notify::module_context();
+    if restored && active() {
+        // Not yet: after this callback Redis may still drop the value (a bad
+        // EOF marker after it, an ABSTTL already past), which would leave an
+        // entry for a key that never held it, kept until its deadline (maybe
+        // never); and with REPLACE it unlinks the key's old value afterwards,
+        // whose hook would remove an entry made now, leaving a lock whose
+        // leases all ended in the keyspace. The timer looks at the key as the
+        // command left it (`watch_restored`), on the next turn of the event loop.
+        with(|s| s.restored.push((db_of(rdb), key.into())));
+        arm(ctx);
+        return;
+    }
+    watch_at(ctx, db_of(rdb), key, earliest.saturating_add(1));
+}
+
+/// Watches a key a `RESTORE` loaded, if it holds a lock now.
+fn watch_restored(ctx: *mut Ctx, db: i32, key: &[u8]) {
+    if !crate::ffi::select_db(ctx, db) {
+        return;
+    }
+    let name = crate::ffi::OwnedStr::new(key);
+    let k = crate::ffi::Key::open(ctx, name.ptr(), false);
+    let earliest = match k.module_value::<crate::store::LockValue>(crate::store::lock_type()) {
+        Ok(Some(v)) => unsafe { &*v }.state.earliest_deadline(),
+        _ => None,
+    };
+    drop(k);
+    if let Some(earliest) = earliest {
+        watch_at(ctx, db, key, earliest.saturating_add(1));
+    }
 }
 
 /// Drops the key's entry: its value is leaving the keyspace (released, deleted,
@@ -241,7 +273,7 @@ pub fn schedule_expiry_report(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
 }
 
 fn next_due(s: &Schedule) -> Option<i64> {
-    if !s.serves.is_empty() || !s.expired.is_empty() {
+    if !s.serves.is_empty() || !s.expired.is_empty() || !s.restored.is_empty() {
         return Some(0);
     }
     s.expiries.first_due()
@@ -294,6 +326,7 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
             with(|s| {
                 s.serves.clear();
                 s.expired.clear();
+                s.restored.clear();
             });
         }
         arm(ctx);
@@ -305,6 +338,21 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
 fn run_slice(ctx: *mut Ctx) {
     let start = crate::ffi::micros();
     let spent = || crate::ffi::micros() - start >= TICK_BUDGET_US;
+    loop {
+        let restored: Vec<_> = with(|s| {
+            let n = s.restored.len().min(BATCH);
+            s.restored.drain(..n).collect()
+        });
+        if restored.is_empty() {
+            break;
+        }
+        for (db, key) in restored {
+            watch_restored(ctx, db, &key);
+        }
+        if spent() {
+            return;
+        }
+    }
     loop {
         let reports: Vec<_> = with(|s| {
             let n = s.expired.len().min(BATCH);
@@ -361,6 +409,7 @@ pub fn pause(ctx: *mut Ctx) {
     let old = with(|s| {
         s.serves.clear();
         s.expired.clear();
+        s.restored.clear();
         s.timer.take()
     });
     if let Some((id, _)) = old {

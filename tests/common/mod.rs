@@ -74,6 +74,17 @@ impl Server {
     }
 
     fn spawn(&mut self, port: u16) {
+        if let Err((status, log)) = self.try_spawn(port) {
+            match status {
+                Some(status) => panic!("redis-server exited ({status}); log:\n{log}"),
+                None => panic!("redis-server did not start; log:\n{log}"),
+            }
+        }
+    }
+
+    /// Starts the server; when it exits instead of answering PING, gives back
+    /// its exit status and log (`None`: still running but not answering).
+    fn try_spawn(&mut self, port: u16) -> Result<(), (Option<std::process::ExitStatus>, String)> {
         self.port = port;
         let log = std::fs::File::create(self.dir.join("redis.log")).unwrap();
         let mut command = if valgrind() {
@@ -107,17 +118,16 @@ impl Server {
         loop {
             if let Ok(mut c) = self.try_client() {
                 if cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                    return Ok(());
                 }
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("redis-server exited ({status}); log:\n{}", self.log());
+                self.child = None;
+                return Err((Some(status), self.log()));
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start; log:\n{}",
-                self.log()
-            );
+            if Instant::now() >= deadline {
+                return Err((None, self.log()));
+            }
             sleep(Duration::from_millis(20));
         }
     }
@@ -170,6 +180,13 @@ impl Server {
     pub fn start_again(&mut self) {
         assert!(self.child.is_none());
         self.spawn(self.port);
+    }
+
+    /// Like `start_again`, for a server that may refuse to start (a corrupt
+    /// RDB file): its exit status and log when it exited instead.
+    pub fn try_start_again(&mut self) -> Result<(), (Option<std::process::ExitStatus>, String)> {
+        assert!(self.child.is_none());
+        self.try_spawn(self.port)
     }
 
     /// Like `start_again`, with extra server arguments from now on.
