@@ -77,7 +77,7 @@ pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
     let module = lock.with_module().then_some(env.module.as_path());
     let srv = Server::start_with(module, None, false);
     env.scripts.load(&mut srv.conn());
-    load_locks(env, &srv, lock, "lock:", n, 1000, |_| LONG_LEASE_MS);
+    load_locks(env, &srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
     let native = lock.imp == crate::locks::Impl::Native;
     let leases = if native { n as i64 } else { 0 };
     let schedule = |s: &Server| if module.is_some() { schedule(s) } else { 0 };

@@ -1305,8 +1305,8 @@ fn render_storm(w: &mut String, r: &Results) {
     let _ = writeln!(w, "\n## (f) Expiry storm\n");
     let _ = writeln!(
         w,
-        "N leases taken on distinct keys (`RLOCK.ACQUIRE key owner PX ms`, 4 connections \
-         pipelined 256 deep) with one common target deadline: each call's `PX` is the target \
+        "N leases taken on distinct keys (`RLOCK.ACQUIRE key owner PX ms`, 2 connections \
+         pipelined 128 deep) with one common target deadline: each call's `PX` is the target \
          minus the client's clock when the call is queued, so the deadlines set differ from \
          the target by the time a call waits in the pipeline (the spread column: \
          `PEXPIRETIME` of every 1/1000th key minus the target, ms). Some keys have one waiter \

@@ -60,19 +60,18 @@ pub fn idle_empty(env: &Env) -> Idle {
     measure_idle(&srv, Duration::from_secs(1), env.cfg.idle_secs)
 }
 
-/// Takes `n` locks on the distinct free keys `<prefix><i:08>` (i < n) over 4
-/// connections, `batch` commands per flush, one owner per connection; each
-/// call's lease is `lease(i)` ms, computed when the call is queued.
+/// Takes `n` locks on the distinct free keys `<prefix><i:08>` (i < n) over
+/// `threads` connections, `batch` commands per flush, one owner per
+/// connection; each call's lease is `lease(i)` ms, computed when the call is
+/// queued.
 pub fn load_locks(
     env: &Env,
     srv: &Server,
     lock: Lock,
     prefix: &str,
-    n: usize,
-    batch: usize,
+    (n, threads, batch): (usize, usize, usize),
     lease: impl Fn(usize) -> u64 + Send + Sync + Copy + 'static,
 ) {
-    let threads = 4;
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let scripts = env.scripts.clone();
@@ -107,7 +106,7 @@ pub fn memory(env: &Env, lock: Lock, n: usize, idle: bool) -> Memory {
     env.scripts.load(&mut srv.conn());
     let before = srv.info_i64("memory", "used_memory");
     let t0 = Instant::now();
-    load_locks(env, &srv, lock, "lock:", n, 1000, |_| LONG_LEASE_MS);
+    load_locks(env, &srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
     let load_secs = t0.elapsed().as_secs_f64();
     // Let the loaders' connections close before reading memory.
     std::thread::sleep(Duration::from_millis(200));

@@ -46,7 +46,8 @@ fn instant_of(unix_ms: i64) -> Instant {
     }
 }
 
-/// `n` leases taken (4 connections, pipelined 256 deep) with `PX` computed
+/// `n` leases taken (2 connections, pipelined 128 deep: short queues keep the
+/// deadlines close) with `PX` computed
 /// per call as the common target deadline minus the client's clock, so that
 /// all end in the same millisecond up to the time a batch waits in the
 /// pipeline; `waiters` of the keys get one parked `BLOCK 0` waiter each.
@@ -71,7 +72,7 @@ fn try_run(env: &Env, lock: Lock, n: usize, waiters: usize, lead_ms: i64) -> Opt
     let srv = Server::start_with(module, Some(waiters + 64), false);
     env.scripts.load(&mut srv.conn());
     let target = now_us() / 1000 + lead_ms;
-    load_locks(env, &srv, lock, "storm:", n, 256, move |_| {
+    load_locks(env, &srv, lock, "storm:", (n, 2, 128), move |_| {
         (target - now_us() / 1000).max(1) as u64
     });
     if Instant::now() + Duration::from_millis(1_500) > instant_of(target) {
