@@ -156,7 +156,7 @@ pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
     std::thread::sleep(Duration::from_millis(100));
     let log = pinger.stop();
     let promote_stall = log.window(t, rebuilt + Duration::from_millis(100));
-    let promote_quiet = log.window(t - Duration::from_millis(300), t);
+    let promote_quiet = log.within(t - Duration::from_millis(300), t);
     let promote_rebuild_ms = rebuilt.duration_since(t).as_secs_f64() * 1000.0;
     drop(rc);
     drop(replica);

@@ -658,7 +658,7 @@ fn persist_targets(r: &Results) -> Vec<Target> {
                 };
                 t.push(Target {
                     id,
-                    what: format!("{}: {what}, locks vs SET PX keys", num(n.n as f64)),
+                    what: format!("{} locks vs as many SET PX keys: {what}", num(n.n as f64)),
                     measured: format!("{} vs {}, {x:.2}x", per(get(n)), per(get(p))),
                     required: req,
                     status: status(x <= limit),

@@ -309,10 +309,20 @@ impl Pinger {
 impl PingLog {
     /// Round trips of the PINGs that were in flight at any time in `[from, to]`.
     pub fn window(&self, from: Instant, to: Instant) -> Stall {
+        self.stall(|sent, done| sent <= to && done >= from)
+    }
+
+    /// Round trips of the PINGs sent and answered within `[from, to]` (a
+    /// quiet stretch before an event, without the PING the event delays).
+    pub fn within(&self, from: Instant, to: Instant) -> Stall {
+        self.stall(|sent, done| sent >= from && done <= to)
+    }
+
+    fn stall(&self, keep: impl Fn(Instant, Instant) -> bool) -> Stall {
         let rtts: Vec<u32> = self
             .samples
             .iter()
-            .filter(|(t, rtt)| *t <= to && *t + Duration::from_micros(*rtt as u64) >= from)
+            .filter(|(t, rtt)| keep(*t, *t + Duration::from_micros(*rtt as u64)))
             .map(|&(_, rtt)| rtt)
             .collect();
         Stall {
