@@ -43,6 +43,11 @@ fn ok(v: crate::resp::Value, what: &str) {
     assert!(!v.is_error(), "{what}: {v:?}");
 }
 
+fn config_set(c: &mut crate::resp::Conn, name: &str, value: &str) {
+    let v = cmd!(c; "CONFIG", "SET", name, value).expect("CONFIG SET");
+    ok(v, &format!("CONFIG SET {name} {value}"));
+}
+
 /// Sum of the sizes of the files in `dir` whose names contain `part`.
 fn files_size(dir: &Path, part: &str) -> u64 {
     std::fs::read_dir(dir)
@@ -92,16 +97,10 @@ pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
     // AOF rewrite as plain commands (no RDB preamble, which would make it the
     // RDB again); serverCron notices the finished child, so hz 100 for 10 ms
     // granularity during the rewrite.
-    ok(
-        cmd!(c; "CONFIG", "SET", "aof-use-rdb-preamble", "no").expect("CONFIG"),
-        "preamble",
-    );
-    ok(cmd!(c; "CONFIG", "SET", "hz", 100).expect("CONFIG"), "hz");
+    config_set(&mut c, "aof-use-rdb-preamble", "no");
+    config_set(&mut c, "hz", "100");
     let t = Instant::now();
-    ok(
-        cmd!(c; "CONFIG", "SET", "appendonly", "yes").expect("CONFIG"),
-        "appendonly yes",
-    );
+    config_set(&mut c, "appendonly", "yes");
     let done = time_until("the AOF rewrite", || {
         let p = srv.info("persistence");
         p.get("aof_rewrite_in_progress").is_some_and(|v| v == "0")
@@ -116,11 +115,8 @@ pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
         srv.log()
     );
     let aof_bytes = files_size(&srv.dir().join("appendonlydir"), ".base.aof");
-    ok(
-        cmd!(c; "CONFIG", "SET", "appendonly", "no").expect("CONFIG"),
-        "appendonly no",
-    );
-    ok(cmd!(c; "CONFIG", "SET", "hz", 10).expect("CONFIG"), "hz");
+    config_set(&mut c, "appendonly", "no");
+    config_set(&mut c, "hz", "10");
 
     let t = Instant::now();
     ok(
