@@ -481,9 +481,9 @@ fn main() {
             "(g) persistence at scale: {n} locks vs SET PX keys"
         ));
         for lock in [storm::NATIVE, FLOOR, PLAIN_FLOOR] {
-            let x = persist::run(&env, lock, n);
+            let x = persist::run(&env, lock, n, env.cfg.storm_waiters);
             progress(&format!(
-                "  {:<44} RDB {:.0} B/key in {:.0} ms, AOF {:.0} B/key in {:.0} ms, reload {:.0} ms, REPLICAOF NO ONE {:.1} ms, stall {:.1} ms (quiet {:.1}), FLUSHALL {:.0} ms",
+                "  {:<44} RDB {:.0} B/key in {:.0} ms, AOF {:.0} B/key in {:.0} ms, reload {:.0} ms, REPLICAOF NO ONE {:.1} ms, stall {:.1} ms (quiet {:.1}), FLUSHALL {:.0} ms, stall {:.1} ms",
                 lock.label(),
                 x.rdb_bytes as f64 / n as f64,
                 x.save_ms,
@@ -493,7 +493,8 @@ fn main() {
                 x.promote_ms,
                 x.promote_stall.worst_ms,
                 x.promote_quiet.worst_ms,
-                x.flush_ms
+                x.flush_ms,
+                x.flush_stall.worst_ms
             ));
             r.persist.push(x);
         }

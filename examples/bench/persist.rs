@@ -2,13 +2,14 @@
 //! one server each: `SAVE` (RDB size, time), AOF rewrite (size, time),
 //! `DEBUG RELOAD` (time, then the lease schedule's rebuild), `REPLICAOF NO ONE`
 //! on a replica holding them all (how long the promoted server stalls), and
-//! `FLUSHALL`.
+//! `FLUSHALL` with waiters parked on some of the locks.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::locks::Lock;
-use crate::scale::{load_locks, wait_until, LONG_LEASE_MS};
+use crate::readers::{collect_replies, park_clients};
+use crate::scale::{load_locks, native_waiting, wait_until, LONG_LEASE_MS};
 use crate::server::{Pinger, Server, Stall};
 use crate::{cmd, Env};
 
@@ -33,6 +34,11 @@ pub struct Persist {
     /// Worst PING on the replica in the 300 ms before the command (noise).
     pub promote_quiet: Stall,
     pub flush_ms: f64,
+    /// Waiters parked on lock keys during `FLUSHALL`, and how many were told
+    /// TRYAGAIN; the worst PING from `FLUSHALL` until the last was told.
+    pub flush_waiters: usize,
+    pub flush_told_retry: usize,
+    pub flush_stall: Stall,
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -77,7 +83,9 @@ fn time_until(what: &str, mut f: impl FnMut() -> bool) -> Instant {
     Instant::now()
 }
 
-pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
+/// `waiters`: clients parked on as many lock keys before `FLUSHALL`
+/// (native only).
+pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
     // The floor also on a server without the module (`PlainFloor`): Redis's own cost.
     let module = lock.with_module().then_some(env.module.as_path());
     let srv = Server::start_with(module, None, false);
@@ -85,6 +93,7 @@ pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
     load_locks(env, &srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
     let native = lock.imp == crate::locks::Impl::Native;
     let leases = if native { n as i64 } else { 0 };
+    let waiters = if native { waiters.min(n) } else { 0 };
     let schedule = |s: &Server| if module.is_some() { schedule(s) } else { 0 };
     let mut c = srv.conn();
     assert_eq!(schedule(&srv), leases, "lease schedule after the load");
@@ -157,9 +166,42 @@ pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
     drop(rc);
     drop(replica);
 
+    // FLUSHALL with waiters parked on some of the lock keys (they are told
+    // TRYAGAIN): its round trip, and the worst PING until the last waiter's
+    // reply was read.
+    let mut parked = park_clients(srv.port, waiters, |w, i| {
+        lock.queue_acquire(
+            w,
+            &env.scripts,
+            &format!("lock:{i:08}"),
+            &crate::locks::owner(400 + i as u64, 1),
+            LONG_LEASE_MS,
+            Some(0),
+        )
+    });
+    if waiters > 0 {
+        wait_until("the waiters", Duration::from_secs(60), || {
+            native_waiting(&srv) == waiters as i64
+        });
+    }
+    let pinger = Pinger::start(srv.port);
+    std::thread::sleep(Duration::from_millis(100));
     let t = Instant::now();
     ok(cmd!(c; "FLUSHALL", "SYNC").expect("FLUSHALL"), "FLUSHALL");
     let flush_ms = ms_since(t);
+    let replies = collect_replies(&mut parked, Duration::from_secs(60));
+    let told_retry = replies
+        .iter()
+        .flatten()
+        .filter(|(_, v)| matches!(v, crate::resp::Value::Error(e) if e.starts_with("TRYAGAIN")))
+        .count();
+    let last = replies.iter().flatten().map(|(t, _)| *t).max();
+    let end = last
+        .unwrap_or(t)
+        .max(t + Duration::from_secs_f64(flush_ms / 1000.0));
+    std::thread::sleep(Duration::from_millis(50));
+    let flush_stall = pinger.stop().window(t, end);
+    drop(parked);
     wait_until("an empty schedule", Duration::from_secs(60), || {
         schedule(&srv) == 0
     });
@@ -178,5 +220,8 @@ pub fn run(env: &Env, lock: Lock, n: usize) -> Persist {
         promote_stall,
         promote_quiet,
         flush_ms,
+        flush_waiters: waiters,
+        flush_told_retry: told_retry,
+        flush_stall,
     }
 }

@@ -120,6 +120,7 @@ pub fn readers_scale(env: &Env, n: usize, m: usize) -> Vec<ReadersScale> {
         }
     }
     let load_s = t0.elapsed().as_secs_f64();
+    crate::progress(&format!("  {n} readers loaded in {load_s:.1} s"));
     let mut out = Vec::new();
     let [acquire, renew, release] = three_ops(&srv, n, m, false);
     out.push(ReadersScale {

@@ -679,6 +679,33 @@ fn persist_targets(r: &Results) -> Vec<Target> {
             )),
         }
     }
+    match (native, plain) {
+        (Some(n), Some(p)) => t.push(Target {
+            id: "persist-flushall",
+            what: format!(
+                "{} locks, {} waiters parked on them: `FLUSHALL` worst PING vs Redis's own",
+                num(n.n as f64),
+                num(n.flush_waiters as f64)
+            ),
+            measured: format!(
+                "{} ms vs {} ms (SET PX keys, no module); {} of {} waiters told TRYAGAIN",
+                f2(n.flush_stall.worst_ms),
+                f2(p.flush_stall.worst_ms),
+                n.flush_told_retry,
+                n.flush_waiters
+            ),
+            required: "≤ Redis's own + 30 ms",
+            status: status(
+                n.flush_stall.worst_ms <= p.flush_stall.worst_ms + 30.0
+                    && n.flush_told_retry == n.flush_waiters,
+            ),
+        }),
+        _ => t.push(not_run(
+            "persist-flushall",
+            "`FLUSHALL` with waiters: worst PING",
+            "≤ Redis's own + 30 ms",
+        )),
+    }
     for (id, what, get) in [
         (
             "reload",
@@ -1376,18 +1403,20 @@ fn render_persist(w: &mut String, r: &Results) {
          save, flush, load), then until `rlock_lease_schedule` is back to N, with a PING loop \
          meanwhile; a replica (with the module, if the server has it) attached and synced, \
          then `REPLICAOF NO ONE` on it with a PING loop on the replica, until it watches all \
-         N leases (+100 ms), quiet = the 300 ms before; `FLUSHALL SYNC` (round trip).\n",
+         N leases (+100 ms), quiet = the 300 ms before; `FLUSHALL SYNC` (round trip), with \
+         clients parked (`BLOCK 0`) on some of the lock keys, who are told `TRYAGAIN`, and the \
+         worst PING from the command until the last of them was told.\n",
         num(first.n as f64)
     );
     let _ = writeln!(
         w,
-        "| keys | RDB B/key | SAVE ms | AOF rewrite B/key | rewrite ms | DEBUG RELOAD ms | schedule rebuilt after ms | worst PING ms | REPLICAOF NO ONE ms | promoted: schedule after ms | worst PING ms (quiet) | FLUSHALL ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| keys | RDB B/key | SAVE ms | AOF rewrite B/key | rewrite ms | DEBUG RELOAD ms | schedule rebuilt after ms | worst PING ms | REPLICAOF NO ONE ms | promoted: schedule after ms | worst PING ms (quiet) | FLUSHALL ms | waiters told TRYAGAIN | worst PING ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for x in &r.persist {
         let n = x.n as f64;
         let _ = writeln!(
             w,
-            "| {} | {:.1} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} ({}) | {} |",
+            "| {} | {:.1} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} |",
             match x.lock.imp {
                 Impl::Native => "RLOCK locks".to_string(),
                 Impl::PlainFloor => "SET PX keys, server without the module".into(),
@@ -1404,7 +1433,13 @@ fn render_persist(w: &mut String, r: &Results) {
             num(x.promote_rebuild_ms),
             f2(x.promote_stall.worst_ms),
             f2(x.promote_quiet.worst_ms),
-            num(x.flush_ms)
+            num(x.flush_ms),
+            if x.flush_waiters > 0 {
+                format!("{} of {}", x.flush_told_retry, x.flush_waiters)
+            } else {
+                "—".into()
+            },
+            f2(x.flush_stall.worst_ms)
         );
     }
 }

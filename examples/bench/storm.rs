@@ -73,9 +73,15 @@ fn try_run(env: &Env, lock: Lock, n: usize, waiters: usize, lead_ms: i64) -> Opt
     let srv = Server::start_with(module, Some(waiters + 64), false);
     env.scripts.load(&mut srv.conn());
     let target = now_us() / 1000 + lead_ms;
+    let t0 = Instant::now();
     load_locks(env, &srv, lock, "storm:", (n, 2, 128), move |_| {
         (target - now_us() / 1000).max(1) as u64
     });
+    crate::progress(&format!(
+        "  {}: {n} leases loaded in {:.1} s",
+        lock.label(),
+        t0.elapsed().as_secs_f64()
+    ));
     if Instant::now() + Duration::from_millis(1_500) > instant_of(target) {
         return None;
     }
