@@ -40,7 +40,9 @@ test: build
 
 # Native locks against SET NX PX and Redisson-style Lua scripts (bench/lua/):
 # starts its own redis-server processes, writes BENCHMARKS.md at the repo root.
-# BENCH_QUICK=1 make bench: reduced sizes, a smoke run of a minute or two.
+# BENCH_QUICK=1 make bench: reduced sizes, a smoke run of a few minutes.
+# BENCH_ONLY=storm,persist (or a,a1,a2,a3/replica,b,c,d,d1,d2,e,e1/readers,e2/admit,
+# f/storm,g/persist) runs only those sections; BENCH_OUT=file writes elsewhere.
 bench: build
 	cargo run --release --example bench
 
