@@ -161,17 +161,14 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
             return reply;
         }
     }
-    commit(
-        ctx,
-        &key,
-        keyname,
-        db,
-        name,
-        kind,
-        slot,
-        &change,
-        timer || replicated,
-    );
+    let origin = if replicated {
+        Origin::Replicated
+    } else if timer {
+        Origin::Timer
+    } else {
+        Origin::Local
+    };
+    commit(ctx, &key, keyname, db, name, kind, slot, &change, origin);
     drop(key);
     if let Some((id, timeout)) = change.park {
         blocking::park(ctx, keyname, db, id, timeout);
@@ -296,9 +293,19 @@ fn apply(
     }
 }
 
+/// What started a change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A client's command.
+    Local,
+    /// The lease timer (the key's TTL may not be its latest deadline yet, e.g.
+    /// after `RESTORE`: it is set even if nothing changed).
+    Timer,
+    /// A master's effect or the AOF: passed on as it came.
+    Replicated,
+}
+
 /// Writes the outcome back to the keyspace and tells everyone who must know.
-/// `sync_ttl`: set the key's TTL even if nothing changed (the timer's and the
-/// loaders' paths, where the TTL may not be the latest deadline yet).
 #[allow(clippy::too_many_arguments)]
 fn commit(
     ctx: *mut Ctx,
@@ -309,7 +316,7 @@ fn commit(
     kind: Kind,
     slot: Slot,
     change: &Change,
-    sync_ttl: bool,
+    origin: Origin,
 ) {
     let value: Option<*mut LockValue> = match slot {
         Slot::Existing(p) if change.dirty && unsafe { (*p).state.is_free() } => {
@@ -327,7 +334,7 @@ fn commit(
     };
     if let Some(p) = value {
         let state = unsafe { &(*p).state };
-        if change.dirty || sync_ttl {
+        if change.dirty || origin != Origin::Local {
             if let Some(latest) = state.latest_deadline() {
                 unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) };
             }
@@ -337,7 +344,7 @@ fn commit(
     }
     if !change.delta.is_empty() {
         replicate(ctx, keyname, change.delta.bytes());
-    } else if change.dirty && crate::role::propagates() {
+    } else if origin == Origin::Replicated && change.dirty && crate::role::propagates() {
         // A replicated effect applied here goes on to this server's AOF (and
         // its replicas) exactly as it came.
         unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
