@@ -182,17 +182,6 @@ fn a_change_costs_bytes_for_itself_not_for_the_other_holders() {
     assert_eq!(digest(&mut m), digest(&mut r));
 }
 
-/// RESP encoding of one command, as the AOF stores it.
-fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend(format!("${}\r\n", a.len()).into_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
 fn delta_new(kind: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
     let mut d = vec![1, kind, b'N', b'w'];
     d.extend(token.to_le_bytes());
@@ -204,10 +193,7 @@ fn delta_new(kind: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
 
 #[test]
 fn old_aof_files_load_and_bad_deltas_change_nothing() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = unix_ms();
     let deadline = (now + 600_000).to_string();
     let token = ((now as u64) << 20).to_string();
     let token2 = (((now as u64) << 20) + 1).to_string();
@@ -272,20 +258,7 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         &delta_new(0, 42, now + 600_000, b"n"),
     ]));
 
-    let mut s = Server::start_with(
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--aof-use-rdb-preamble",
-            "no",
-        ],
-        &[],
-    );
-    s.kill();
-    std::fs::write(s.dir.join("appendonly.aof"), &aof).unwrap();
-    s.start_again_with(&["--appendonly", "yes"]);
+    let s = Server::start_on_aof(&aof);
     let mut c = s.client();
     let info = info_map(&mut c, &["RLOCK.INFO", "old"]).expect("old SETSTATE loads");
     assert_eq!(as_string(&field(&info, "owner")), "a");

@@ -26,6 +26,25 @@ pub fn module_path() -> PathBuf {
     p
 }
 
+/// Unix time in milliseconds (the clock the server's deadlines use).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// RESP encoding of one command, as the AOF stores it.
+pub fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend(format!("${}\r\n", a.len()).into_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -187,6 +206,25 @@ impl Server {
     pub fn try_start_again(&mut self) -> Result<(), (Option<std::process::ExitStatus>, String)> {
         assert!(self.child.is_none());
         self.try_spawn(self.port)
+    }
+
+    /// A server that starts by loading `aof` (RESP commands) as its append-only file.
+    pub fn start_on_aof(aof: &[u8]) -> Server {
+        let mut s = Server::start_with(
+            &[
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--aof-use-rdb-preamble",
+                "no",
+            ],
+            &[],
+        );
+        s.kill();
+        std::fs::write(s.dir.join("appendonly.aof"), aof).unwrap();
+        s.start_again_with(&["--appendonly", "yes"]);
+        s
     }
 
     /// Like `start_again`, with extra server arguments from now on.
