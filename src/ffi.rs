@@ -59,10 +59,6 @@ impl OwnedStr {
         })
     }
 
-    pub fn from_i64(v: i64) -> Self {
-        Self::new(v.to_string().as_bytes())
-    }
-
     pub fn ptr(&self) -> *mut RStr {
         self.0
     }

@@ -12,8 +12,8 @@ use std::sync::atomic::Ordering;
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::ffi::{api, now_ms, OwnedStr};
-use crate::lock::{Holder, Kind, LockState, Owner};
+use crate::ffi::{api, now_ms};
+use crate::lock::{Delta, Holder, Kind, LockState, Owner};
 use crate::stats;
 
 /// RDB encoding version of a lock value.
@@ -66,26 +66,8 @@ pub fn lock_type() -> *mut raw::RedisModuleType {
     *LOCK_TYPE.raw_type.borrow()
 }
 
-/// The command that rebuilds a key's held state on a replica or from the AOF.
-pub const SETSTATE: &std::ffi::CStr = c"RLOCK.SETSTATE";
-
-/// Arguments of `RLOCK.SETSTATE key kind n [owner reads writes token deadline]...`
-/// after the key.
-pub fn setstate_args(state: &LockState) -> Vec<OwnedStr> {
-    let mut out = Vec::with_capacity(2 + 5 * state.holder_count());
-    out.push(OwnedStr::new(state.kind().name().as_bytes()));
-    out.push(OwnedStr::from_i64(state.holder_count() as i64));
-    for h in state.iter() {
-        out.push(OwnedStr::new(&h.owner));
-        out.push(OwnedStr::from_i64(h.reads as i64));
-        out.push(OwnedStr::from_i64(h.writes as i64));
-        out.push(OwnedStr::new(h.token.to_string().as_bytes()));
-        out.push(OwnedStr::from_i64(h.deadline));
-    }
-    out
-}
-
-/// Parses what `setstate_args` wrote (after the key). Strict: anything else is an error.
+/// Parses `RLOCK.SETSTATE key kind n [owner reads writes token deadline]...`
+/// after the key (AOF files of earlier versions). Strict: anything else is an error.
 pub fn parse_setstate(args: &[&[u8]], max_token: u64) -> Result<LockState, &'static str> {
     fn num<T: std::str::FromStr>(b: &[u8]) -> Result<T, &'static str> {
         std::str::from_utf8(b)
@@ -193,23 +175,27 @@ unsafe fn load_state(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Result<Lock
         .map_err(|e| e.trim_start_matches("ERR ").to_string())
 }
 
+/// AOF rewrite writes each lock as one `RLOCK.DELTA key <S steps>`: every
+/// holder as it stands, in the compact form replication uses (the rewritten
+/// file is loaded into an empty keyspace, where the steps rebuild the lock).
 unsafe extern "C" fn aof_rewrite(
     aof: *mut raw::RedisModuleIO,
     key: *mut raw::RedisModuleString,
     value: *mut c_void,
 ) {
     let v = &*(value as *const LockValue);
-    let args = setstate_args(&v.state);
-    let mut argv: Vec<*mut raw::RedisModuleString> = args.iter().map(|s| s.ptr()).collect();
+    let mut delta = Delta::recording(v.state.kind());
+    v.state.iter().for_each(|h| delta.whole(h));
+    let bytes = delta.bytes();
     // The key must go through "s": Redis passes a stack-allocated key object
     // here, which "s" copies and "v" would try to retain (a server panic).
     api!(RedisModule_EmitAOF)(
         aof,
-        SETSTATE.as_ptr(),
-        c"sv".as_ptr(),
+        crate::engine::DELTA.as_ptr(),
+        c"sb".as_ptr(),
         key,
-        argv.as_mut_ptr(),
-        argv.len(),
+        bytes.as_ptr(),
+        bytes.len(),
     );
 }
 

@@ -12,7 +12,9 @@
 //! - `R mode token` one hold released (the holder leaves at none);
 //! - `D token deadline` lease renewed;
 //! - `E token` the holder's lease ended;
-//! - `F` every holder ended (forced).
+//! - `F` every holder ended (forced);
+//! - `S token deadline reads:u32 writes:u32 len:u32 owner` a holder as it stands
+//!   (AOF rewrite writes a whole lock as `S` steps on an empty key).
 
 use std::cell::Cell;
 
@@ -114,6 +116,17 @@ impl Delta {
             self.step(b'F', None, None, None);
         }
     }
+
+    /// A holder exactly as it stands (reads, writes, token, deadline, owner).
+    pub fn whole(&mut self, h: &super::Holder) {
+        if self.recording {
+            self.step(b'S', None, Some(h.token), Some(h.deadline));
+            self.buf.extend(h.reads.to_le_bytes());
+            self.buf.extend(h.writes.to_le_bytes());
+            self.buf.extend((h.owner.len() as u32).to_le_bytes());
+            self.buf.extend_from_slice(&h.owner);
+        }
+    }
 }
 
 impl Drop for Delta {
@@ -157,6 +170,13 @@ pub enum Op<'a> {
         token: u64,
     },
     Force,
+    Whole {
+        token: u64,
+        deadline: i64,
+        reads: u32,
+        writes: u32,
+        owner: &'a [u8],
+    },
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -180,6 +200,11 @@ impl<'a> Reader<'a> {
             .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
 
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    }
+
     fn i64(&mut self) -> Option<i64> {
         self.u64().map(|v| v as i64)
     }
@@ -196,7 +221,7 @@ impl<'a> Reader<'a> {
         Some(match self.u8()? {
             b'N' => {
                 let (mode, token, deadline) = (self.mode()?, self.u64()?, self.i64()?);
-                let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+                let len = self.u32()? as usize;
                 Op::New {
                     mode,
                     token,
@@ -219,6 +244,18 @@ impl<'a> Reader<'a> {
             },
             b'E' => Op::End { token: self.u64()? },
             b'F' => Op::Force,
+            b'S' => {
+                let (token, deadline) = (self.u64()?, self.i64()?);
+                let (reads, writes) = (self.u32()?, self.u32()?);
+                let len = self.u32()? as usize;
+                Op::Whole {
+                    token,
+                    deadline,
+                    reads,
+                    writes,
+                    owner: self.take(len)?,
+                }
+            }
             _ => return None,
         })
     }
@@ -402,6 +439,69 @@ mod tests {
                 .is_err(),
             "READ on a reentrant lock"
         );
+    }
+
+    #[test]
+    fn whole_steps_rebuild_a_state_on_an_empty_key_only() {
+        let mut master = LockState::new(Kind::ReadWrite);
+        let mut off = Delta::off();
+        master
+            .grant(b"w", Mode::Write, 50, &mut || Some(3), &mut off)
+            .unwrap();
+        master
+            .grant(b"w", Mode::Read, 60, &mut || None, &mut off)
+            .unwrap();
+        master.release(b"w", Mode::Write, &mut off).unwrap();
+        master
+            .grant(b"r", Mode::Read, 70, &mut || Some(4), &mut off)
+            .unwrap();
+        let mut d = Delta::recording(Kind::ReadWrite);
+        master.iter().for_each(|h| d.whole(h));
+        let (_, ops) = decode(d.bytes()).unwrap();
+        let mut copy = LockState::new(Kind::ReadWrite);
+        copy.replay(&ops, 100).unwrap();
+        assert_eq!(copy, master);
+        // Not over existing holders, and never an impossible holder.
+        assert!(copy.clone().replay(&ops, 100).is_err());
+        let writer_among_readers = [
+            Op::Whole {
+                token: 1,
+                deadline: 1,
+                reads: 1,
+                writes: 0,
+                owner: b"a",
+            },
+            Op::Whole {
+                token: 2,
+                deadline: 1,
+                reads: 0,
+                writes: 1,
+                owner: b"b",
+            },
+        ];
+        assert!(LockState::new(Kind::ReadWrite)
+            .replay(&writer_among_readers, 100)
+            .is_err());
+        let no_holds = [Op::Whole {
+            token: 1,
+            deadline: 1,
+            reads: 0,
+            writes: 0,
+            owner: b"a",
+        }];
+        assert!(LockState::new(Kind::Reentrant)
+            .replay(&no_holds, 100)
+            .is_err());
+        let reads_on_rlock = [Op::Whole {
+            token: 1,
+            deadline: 1,
+            reads: 1,
+            writes: 1,
+            owner: b"a",
+        }];
+        assert!(LockState::new(Kind::Reentrant)
+            .replay(&reads_on_rlock, 100)
+            .is_err());
     }
 
     #[test]

@@ -375,16 +375,7 @@ impl LockState {
     ) -> Result<LockState, &'static str> {
         let mut state = LockState::new(kind);
         for h in holders {
-            if h.owner.is_empty()
-                || h.reads as u64 + h.writes as u64 == 0
-                || (kind != Kind::ReadWrite && h.reads != 0)
-                || !(1..=max_token).contains(&h.token)
-                || h.deadline < 0
-                || state.holder(&h.owner).is_some()
-                || state.by_token(h.token).is_some()
-                || (!state.is_free() && (kind != Kind::ReadWrite || h.writes > 0))
-                || state.writer().is_some()
-            {
+            if !state.fits(&h, max_token) {
                 return Err(err::INVALID_STATE);
             }
             state.insert(h);
@@ -393,6 +384,21 @@ impl LockState {
             return Err(err::INVALID_STATE);
         }
         Ok(state)
+    }
+
+    /// Whether `h` may join the current holders as it is: the rules every
+    /// state the commands make keeps (one holder for exclusive families, a
+    /// writer alone, distinct owners and tokens, at least one hold, ranges).
+    fn fits(&self, h: &Holder, max_token: u64) -> bool {
+        !(h.owner.is_empty()
+            || h.reads as u64 + h.writes as u64 == 0
+            || (self.kind != Kind::ReadWrite && h.reads != 0)
+            || !(1..=max_token).contains(&h.token)
+            || h.deadline < 0
+            || self.holder(&h.owner).is_some()
+            || self.by_token(h.token).is_some()
+            || (!self.is_free() && (self.kind != Kind::ReadWrite || h.writes > 0))
+            || self.writer().is_some())
     }
 
     /// Applies a replicated delta. All or nothing: on the first invalid step
@@ -475,6 +481,26 @@ impl LockState {
             Op::End { token } => {
                 let h = self.remove(token).ok_or(bad)?;
                 undo.push(Undo::Restore(h));
+            }
+            Op::Whole {
+                token,
+                deadline,
+                reads,
+                writes,
+                owner,
+            } => {
+                let holder = Holder {
+                    owner: owner.into(),
+                    token,
+                    deadline,
+                    reads,
+                    writes,
+                };
+                if !self.fits(&holder, max_token) {
+                    return Err(bad);
+                }
+                self.insert(holder);
+                undo.push(Undo::Remove(token));
             }
             Op::Force => {
                 if self.is_free() {
