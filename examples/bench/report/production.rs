@@ -305,6 +305,15 @@ pub fn persist_targets(r: &Results) -> Vec<Target> {
     t
 }
 
+/// A markdown table: the header row, the separator, one line per row.
+fn table(w: &mut String, head: &[&str], rows: impl Iterator<Item = Vec<String>>) {
+    let _ = writeln!(w, "| {} |", head.join(" | "));
+    let _ = writeln!(w, "|{}", "---|".repeat(head.len()));
+    for row in rows {
+        let _ = writeln!(w, "| {} |", row.join(" | "));
+    }
+}
+
 fn opt_ms(v: Option<f64>) -> String {
     v.map(num).unwrap_or_else(|| "—".into())
 }
@@ -326,42 +335,55 @@ pub fn render_readers(w: &mut String, r: &Results) {
              ops run again; bytes per change = the growth of `master_repl_offset` over each \
              command (read after its reply), divided by the calls. The ops stop early after \
              {} s or {} MB sent to the replica per size and setup (the calls column says how \
-             many ran). \"Replica in sync\": after `WAIT 1`, `DEBUG DIGEST-VALUE` of the key is \
+             many ran). \"Replica in sync\": once the replica has applied the whole stream (its \
+             `master_repl_offset` reached the master's), `DEBUG DIGEST-VALUE` of the key is \
              the same on both servers.\n",
             num(m as f64),
             crate::readers::OP_BUDGET.as_secs(),
             crate::readers::OP_BYTES_BUDGET >> 20
         );
-        let _ = writeln!(
-            w,
-            "| readers | setup | calls | acquire µs | renew µs | release µs | acquire B/change | renew B/change | release B/change | replica in sync | load s |\n|---|---|---|---|---|---|---|---|---|---|---|"
-        );
         let b = |c: &OpCost| c.bytes_per_change.map(num).unwrap_or_default();
-        for x in &r.readers {
-            let _ = writeln!(
-                w,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
-                num(x.readers as f64),
-                if x.replica {
-                    "with a replica"
-                } else {
-                    "no replica"
-                },
-                x.acquire.calls,
-                f2(x.acquire.us_per_call),
-                f2(x.renew.us_per_call),
-                f2(x.release.us_per_call),
-                b(&x.acquire),
-                b(&x.renew),
-                b(&x.release),
-                match x.replica_digest_equal {
-                    Some(true) => "yes",
-                    Some(false) => "**no**",
-                    None => "",
-                },
-                x.load_s
-            );
-        }
+        table(
+            w,
+            &[
+                "readers",
+                "setup",
+                "calls",
+                "acquire µs",
+                "renew µs",
+                "release µs",
+                "acquire B/change",
+                "renew B/change",
+                "release B/change",
+                "replica in sync",
+                "load s",
+            ],
+            r.readers.iter().map(|x| {
+                vec![
+                    num(x.readers as f64),
+                    if x.replica {
+                        "with a replica"
+                    } else {
+                        "no replica"
+                    }
+                    .into(),
+                    x.acquire.calls.to_string(),
+                    f2(x.acquire.us_per_call),
+                    f2(x.renew.us_per_call),
+                    f2(x.release.us_per_call),
+                    b(&x.acquire),
+                    b(&x.renew),
+                    b(&x.release),
+                    match x.replica_digest_equal {
+                        Some(true) => "yes",
+                        Some(false) => "**no**",
+                        None => "",
+                    }
+                    .into(),
+                    format!("{:.1}", x.load_s),
+                ]
+            }),
+        );
     }
     if !r.admit.is_empty() {
         let limited = r
@@ -388,23 +410,29 @@ pub fn render_readers(w: &mut String, r: &Results) {
                 String::new()
             }
         );
-        let _ = writeln!(
+        table(
             w,
-            "| queued readers | release µs (server) | all served ms | µs per reader | worst PING ms | PINGs | granted |\n|---|---|---|---|---|---|---|"
+            &[
+                "queued readers",
+                "release µs (server)",
+                "all served ms",
+                "µs per reader",
+                "worst PING ms",
+                "PINGs",
+                "granted",
+            ],
+            r.admit.iter().map(|a| {
+                vec![
+                    num(a.queued as f64),
+                    num(a.release_us),
+                    f2(a.all_served_ms),
+                    f2(a.us_per_reader()),
+                    f2(a.stall.worst_ms),
+                    a.stall.pings.to_string(),
+                    a.served.to_string(),
+                ]
+            }),
         );
-        for a in &r.admit {
-            let _ = writeln!(
-                w,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                num(a.queued as f64),
-                num(a.release_us),
-                f2(a.all_served_ms),
-                f2(a.us_per_reader()),
-                f2(a.stall.worst_ms),
-                a.stall.pings,
-                a.served
-            );
-        }
     }
 }
 
@@ -429,36 +457,47 @@ pub fn render_storm(w: &mut String, r: &Results) {
          millisecond) is down to the waiters' keys, which their waiters now hold. Waiters \
          served: until the last waiter's grant was read.\n"
     );
-    let _ = writeln!(
+    table(
         w,
-        "| leases | keys with a waiter | deadline spread ms | worst PING ms | p99 PING ms | PINGs | quiet worst ms | all ended ms | waiters served ms | lease expirations |\n|---|---|---|---|---|---|---|---|---|---|"
+        &[
+            "leases",
+            "keys with a waiter",
+            "deadline spread ms",
+            "worst PING ms",
+            "p99 PING ms",
+            "PINGs",
+            "quiet worst ms",
+            "all ended ms",
+            "waiters served ms",
+            "lease expirations",
+        ],
+        r.storms.iter().map(|x| {
+            vec![
+                format!(
+                    "{} {}",
+                    num(x.leases as f64),
+                    if x.lock.imp == Impl::Native {
+                        "RLOCK leases"
+                    } else {
+                        "SET PX keys (Redis's own expiry)"
+                    }
+                ),
+                if x.waiters > 0 {
+                    format!("{} ({} served)", num(x.waiters as f64), x.served)
+                } else {
+                    "—".into()
+                },
+                format!("{} .. {}", x.spread_ms.0, x.spread_ms.1),
+                f2(x.stall.worst_ms),
+                f2(x.stall.p99_ms),
+                x.stall.pings.to_string(),
+                f2(x.quiet.worst_ms),
+                opt_ms(x.all_ended_ms),
+                opt_ms(x.waiters_served_ms),
+                x.expirations.map(|e| num(e as f64)).unwrap_or("—".into()),
+            ]
+        }),
     );
-    for x in &r.storms {
-        let _ = writeln!(
-            w,
-            "| {} {} | {} | {} .. {} | {} | {} | {} | {} | {} | {} | {} |",
-            num(x.leases as f64),
-            if x.lock.imp == Impl::Native {
-                "RLOCK leases"
-            } else {
-                "SET PX keys (Redis's own expiry)"
-            },
-            if x.waiters > 0 {
-                format!("{} ({} served)", num(x.waiters as f64), x.served)
-            } else {
-                "—".into()
-            },
-            x.spread_ms.0,
-            x.spread_ms.1,
-            f2(x.stall.worst_ms),
-            f2(x.stall.p99_ms),
-            x.stall.pings,
-            f2(x.quiet.worst_ms),
-            opt_ms(x.all_ended_ms),
-            opt_ms(x.waiters_served_ms),
-            x.expirations.map(|e| num(e as f64)).unwrap_or("—".into())
-        );
-    }
 }
 
 pub fn render_persist(w: &mut String, r: &Results) {
@@ -483,38 +522,55 @@ pub fn render_persist(w: &mut String, r: &Results) {
          worst PING from the command until the last of them was told.\n",
         num(first.n as f64)
     );
-    let _ = writeln!(
+    table(
         w,
-        "| keys | RDB B/key | SAVE ms | AOF rewrite B/key | rewrite ms | DEBUG RELOAD ms | schedule rebuilt after ms | worst PING ms | REPLICAOF NO ONE ms | promoted: schedule after ms | worst PING ms (quiet) | FLUSHALL ms | waiters told TRYAGAIN | worst PING ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        &[
+            "keys",
+            "RDB B/key",
+            "SAVE ms",
+            "AOF rewrite B/key",
+            "rewrite ms",
+            "DEBUG RELOAD ms",
+            "schedule rebuilt after ms",
+            "worst PING ms",
+            "REPLICAOF NO ONE ms",
+            "promoted: schedule after ms",
+            "worst PING ms (quiet)",
+            "FLUSHALL ms",
+            "waiters told TRYAGAIN",
+            "worst PING ms",
+        ],
+        r.persist.iter().map(|x| {
+            let n = x.n as f64;
+            vec![
+                match x.lock.imp {
+                    Impl::Native => "RLOCK locks",
+                    Impl::PlainFloor => "SET PX keys, server without the module",
+                    _ => "SET PX keys, server with the module",
+                }
+                .into(),
+                format!("{:.1}", x.rdb_bytes as f64 / n),
+                num(x.save_ms),
+                format!("{:.1}", x.aof_bytes as f64 / n),
+                num(x.rewrite_ms),
+                num(x.reload_ms),
+                num(x.rebuild_ms),
+                f2(x.rebuild_stall.worst_ms),
+                f2(x.promote_ms),
+                num(x.promote_rebuild_ms),
+                format!(
+                    "{} ({})",
+                    f2(x.promote_stall.worst_ms),
+                    f2(x.promote_quiet.worst_ms)
+                ),
+                num(x.flush_ms),
+                if x.flush_waiters > 0 {
+                    format!("{} of {}", x.flush_told_retry, x.flush_waiters)
+                } else {
+                    "—".into()
+                },
+                f2(x.flush_stall.worst_ms),
+            ]
+        }),
     );
-    for x in &r.persist {
-        let n = x.n as f64;
-        let _ = writeln!(
-            w,
-            "| {} | {:.1} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} |",
-            match x.lock.imp {
-                Impl::Native => "RLOCK locks".to_string(),
-                Impl::PlainFloor => "SET PX keys, server without the module".into(),
-                _ => "SET PX keys, server with the module".into(),
-            },
-            x.rdb_bytes as f64 / n,
-            num(x.save_ms),
-            x.aof_bytes as f64 / n,
-            num(x.rewrite_ms),
-            num(x.reload_ms),
-            num(x.rebuild_ms),
-            f2(x.rebuild_stall.worst_ms),
-            f2(x.promote_ms),
-            num(x.promote_rebuild_ms),
-            f2(x.promote_stall.worst_ms),
-            f2(x.promote_quiet.worst_ms),
-            num(x.flush_ms),
-            if x.flush_waiters > 0 {
-                format!("{} of {}", x.flush_told_retry, x.flush_waiters)
-            } else {
-                "—".into()
-            },
-            f2(x.flush_stall.worst_ms)
-        );
-    }
 }
