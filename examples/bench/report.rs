@@ -575,8 +575,9 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
              written out, each against the floor with AOF on. The rows marked \"with a \
              replica\" run on a master with a replica attached: a second redis-server loading \
              the module, `REPLICAOF` the master, measured only once the link is up, the initial \
-             sync done and the master sees the replica online; effects are then built and sent \
-             down the link, as in production. Each is compared with the floor and Redisson's \
+             sync done and the master sees the replica online (and checked after each phase: \
+             still online, no resync); effects are then built and sent down the link, as in \
+             production; the replica shares the machine's cores with the master. Each is compared with the floor and Redisson's \
              Lua on the same setup (their rows in the same round). Every master in this \
              benchmark runs with `repl-diskless-sync-delay 0` and an unlimited replica output \
              buffer, so no sync waits and no large effect disconnects a replica.\n",
