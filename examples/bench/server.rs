@@ -158,7 +158,22 @@ impl Server {
         }
     }
 
-    /// `master_repl_offset`: bytes this master has sent down its replication stream.
+    /// Waits until this replica has processed everything `master` had sent
+    /// when the call began (its `master_repl_offset` is the stream it applied).
+    pub fn wait_caught_up(&self, master: &Server, timeout: Duration) {
+        let target = master.repl_offset();
+        let end = Instant::now() + timeout;
+        while self.repl_offset() < target {
+            assert!(
+                Instant::now() < end,
+                "replica did not catch up within {timeout:?}"
+            );
+            sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// `master_repl_offset`: bytes this master has sent down its replication
+    /// stream (on a replica: the bytes of it applied so far).
     pub fn repl_offset(&self) -> i64 {
         self.info_i64("replication", "master_repl_offset")
     }

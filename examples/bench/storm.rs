@@ -52,11 +52,11 @@ fn instant_of(unix_ms: i64) -> Instant {
 /// all end in the same millisecond up to the time a batch waits in the
 /// pipeline; `waiters` of the keys get one parked `BLOCK 0` waiter each.
 pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Storm {
-    // The target deadline: far enough out for the load (at 60k calls/s, the
-    // machine being shared; it usually runs faster) plus the waiters'
-    // connections and 1 s of quiet pings; if the load was slower than that,
-    // again with twice the time.
-    let mut lead_ms = 2_000 + (n as i64) / 60;
+    // The target deadline: far enough out for the load (~300k calls/s seen
+    // here; planned for half of that, the machine being shared) plus the
+    // waiters' connections and 1 s of quiet pings; if the load was slower
+    // than that, again with twice the time.
+    let mut lead_ms = 2_500 + (n as i64) / 150;
     loop {
         if let Some(s) = try_run(env, lock, n, waiters, lead_ms) {
             return s;

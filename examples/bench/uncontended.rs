@@ -122,7 +122,7 @@ pub fn start_servers(env: &Env, lock: Lock) -> (Server, Option<Server>) {
 
 /// Server time per call of one lock's acquire and release, on a fresh server.
 fn one_round(env: &Env, lock: Lock, calls: usize) -> (f64, f64) {
-    let (srv, _replica) = start_servers(env, lock);
+    let (srv, replica) = start_servers(env, lock);
     let mut c = srv.conn();
     env.scripts.load(&mut c);
     let keys: Vec<String> = (0..calls).map(|i| key("", i)).collect();
@@ -136,6 +136,15 @@ fn one_round(env: &Env, lock: Lock, calls: usize) -> (f64, f64) {
             "{}: commandstats counted {n} {name} calls",
             lock.label()
         );
+        if let Some(replica) = &replica {
+            // The replica stayed attached (effects went down the link): no
+            // full or partial resync since the stats were reset.
+            replica.wait_synced(&srv, std::time::Duration::from_secs(60));
+            let stats = srv.info("stats");
+            for f in ["sync_full", "sync_partial_ok"] {
+                assert_eq!(stats.get(f).map(String::as_str), Some("0"), "{f}");
+            }
+        }
         usec as f64 / n as f64
     };
     srv.reset_stats(&mut c);
