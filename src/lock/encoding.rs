@@ -57,11 +57,17 @@ impl Reader<'_> {
         })
     }
 
+    /// At most ten bytes; a value past `u64::MAX` (bits beyond the 64th in the
+    /// tenth byte) is an error, not silently cut. Padded forms still read.
     fn varint(&mut self) -> Option<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = *self.take(1)?.first()?;
-            v |= ((b & 0x7f) as u64).checked_shl(shift)?;
+            let bits = (b & 0x7f) as u64;
+            if shift == 63 && bits > 1 {
+                return None;
+            }
+            v |= bits << shift;
             if b & 0x80 == 0 {
                 return Some(v);
             }
@@ -166,5 +172,32 @@ mod tests {
             decode(&[0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01])
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_varint_past_u64_is_refused_not_cut() {
+        // One RLOCK holder, its lease as a ten-byte varint.
+        let with_lease = |lease: &[u8]| {
+            let mut b = vec![0, 1, 1, b'a', 0, 1];
+            b.extend((5u64 << 20).to_le_bytes());
+            b.extend_from_slice(lease);
+            decode(&b)
+        };
+        let nine = [0xffu8; 9];
+        // 2^64 - 1 fits (zigzag: the lease i64::MIN, deadline overflows: refused
+        // for that reason); a tenth byte of 2 or 0x7f says 2^64 and more.
+        let max = [&nine[..], &[0x01]].concat();
+        assert_eq!(Reader(&max).varint(), Some(u64::MAX));
+        for last in [0x02u8, 0x03, 0x7f] {
+            let v = [&nine[..], &[last]].concat();
+            assert_eq!(Reader(&v).varint(), None, "tenth byte {last:#x}");
+        }
+        // A 10-byte form whose high bits were dropped used to decode as lease 0.
+        let mut cut = vec![0x80u8; 9];
+        cut.push(0x02);
+        assert!(with_lease(&cut).is_none());
+        // Padded (non-minimal) forms are the same number.
+        assert_eq!(Reader(&[0x85, 0x80, 0x00]).varint(), Some(5));
+        assert_eq!(with_lease(&[0x80, 0x00]).unwrap().1[0].deadline, 5);
     }
 }
