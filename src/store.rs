@@ -13,11 +13,13 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::ffi::{api, now_ms};
-use crate::lock::{Delta, Holder, Kind, LockState, Owner};
+use crate::lock::{encoding, Delta, Holder, Kind, LockState, Owner};
 use crate::stats;
 
-/// RDB encoding version of a lock value.
-pub const ENCODING_VERSION: c_int = 1;
+/// RDB encoding version of a lock value: 2 is one compact string per lock
+/// (`lock::encoding`); 1, a framed item per field, still loads.
+pub const ENCODING_VERSION: c_int = 2;
+const FIELDS_VERSION: c_int = 1;
 
 pub struct LockValue {
     pub state: LockState,
@@ -102,15 +104,9 @@ pub fn parse_setstate(args: &[&[u8]], max_token: u64) -> Result<LockState, &'sta
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     let v = &*(value as *const LockValue);
-    api!(RedisModule_SaveUnsigned)(rdb, v.state.kind().code());
-    api!(RedisModule_SaveUnsigned)(rdb, v.state.holder_count() as u64);
-    for h in v.state.iter() {
-        api!(RedisModule_SaveStringBuffer)(rdb, h.owner.as_ptr().cast(), h.owner.len());
-        api!(RedisModule_SaveUnsigned)(rdb, h.reads as u64);
-        api!(RedisModule_SaveUnsigned)(rdb, h.writes as u64);
-        api!(RedisModule_SaveUnsigned)(rdb, h.token);
-        api!(RedisModule_SaveSigned)(rdb, h.deadline);
-    }
+    let s = &v.state;
+    let bytes = encoding::encode(s.kind(), s.holder_count(), s.iter());
+    api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len());
 }
 
 /// Loads a value from an RDB file, a full sync or `RESTORE`. Anything that is
@@ -132,9 +128,27 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 }
 
 unsafe fn load_state(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Result<LockState, String> {
-    if encver != ENCODING_VERSION {
-        return Err(format!("unknown encoding version {encver}"));
+    let (kind, holders) = match encver {
+        ENCODING_VERSION => load_compact(rdb)?,
+        FIELDS_VERSION => load_fields(rdb)?,
+        _ => return Err(format!("unknown encoding version {encver}")),
+    };
+    LockState::from_holders(kind, holders, crate::token::max_accepted(now_ms()))
+        .map_err(|e| e.trim_start_matches("ERR ").to_string())
+}
+
+unsafe fn load_compact(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder>), String> {
+    let mut len = 0usize;
+    let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
+    if buf.is_null() || api!(RedisModule_IsIOError)(rdb) != 0 {
+        return Err("short read".into());
     }
+    let decoded = encoding::decode(std::slice::from_raw_parts(buf.cast::<u8>(), len));
+    api!(RedisModule_Free)(buf.cast());
+    decoded.ok_or_else(|| "malformed lock encoding".to_string())
+}
+
+unsafe fn load_fields(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder>), String> {
     let failed = || api!(RedisModule_IsIOError)(rdb) != 0;
     let code = api!(RedisModule_LoadUnsigned)(rdb);
     let count = api!(RedisModule_LoadUnsigned)(rdb);
@@ -171,8 +185,7 @@ unsafe fn load_state(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Result<Lock
             deadline,
         });
     }
-    LockState::from_holders(kind, holders, crate::token::max_accepted(now_ms()))
-        .map_err(|e| e.trim_start_matches("ERR ").to_string())
+    Ok((kind, holders))
 }
 
 /// AOF rewrite writes each lock as one `RLOCK.DELTA key <S steps>`: every
@@ -241,7 +254,8 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
 }
 
 unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
-    if encver != ENCODING_VERSION || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+    let known = encver == ENCODING_VERSION || encver == FIELDS_VERSION;
+    if !known || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
         return crate::ffi::ERR;
     }
     let last = api!(RedisModule_LoadUnsigned)(rdb);

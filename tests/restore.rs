@@ -13,8 +13,15 @@
 //! payload (`judge`): a well-formed payload that encodes a valid state must be
 //! restored exactly (its live holders shown by `*.INFO`), one that encodes an
 //! invalid state or is malformed must get `ERR Bad data format`; only payloads
-//! whose header changed, or that use encodings the model does not read, may go
-//! either way (and are then checked for validity alone).
+//! whose type byte or module type name changed, or that use encodings the
+//! model does not read (LZF), may go either way (and are then checked for
+//! validity alone).
+//!
+//! Both RDB encoding versions of a lock value are covered: version 2 (one
+//! compact string, what `DUMP` writes) from real `DUMP`s, and version 1 (an
+//! item per field, what older RDB files hold) crafted from the same states and
+//! checked to load as exactly those states. About a third of the mutations, and
+//! every truncation and designed RDB case, run on the version-1 payloads.
 
 mod common;
 
@@ -124,10 +131,21 @@ fn seed(test: &str) -> u64 {
 
 // ---------------------------------------------------------------------------
 // The RDB encoding of a module value (Redis's rdb.c / module.c, module type
-// encoding v2): the type byte RDB_TYPE_MODULE_2 (7), the 64-bit module type id,
+// encoding v2): the type byte RDB_TYPE_MODULE_2 (7), the 64-bit module type id
+// (its low 10 bits are the module's encoding version, passed to its loader),
 // then each saved item as an opcode and its value, then the EOF opcode 0.
 // A DUMP payload adds the RDB version (2 bytes, little-endian) and the CRC64 of
 // everything before it (8 bytes, little-endian).
+//
+// rlock's own encoding versions (`src/store.rs`):
+// - version 1: items `kind count [owner reads writes token deadline]...`
+//   (unsigned, unsigned, then string, unsigned x3, signed per holder);
+// - version 2 (what DUMP writes): one string item, the compact form of
+//   `src/lock/encoding.rs`: `kind:u8 count:varint`, then per holder
+//   `len:varint owner reads:varint writes:varint token:u64le lease:zigzag-varint`
+//   with lease = deadline - (token >> 20).
+// Both are modelled here as the same list of fields (`Item`s, holder `h`'s field
+// `f` at `at(h, f)`), written in one layout or the other.
 
 const OP_EOF: u64 = 0;
 const OP_UINT: u64 = 2;
@@ -175,49 +193,162 @@ fn put_string(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(s);
 }
 
-/// One item saved by the module, or bytes that no honest writer produces.
+/// LEB128, as `encoding.rs` writes it.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    (v >> 1) as i64 ^ -((v & 1) as i64)
+}
+
+/// The millisecond a token's clock part names: the base of a v2 lease.
+fn token_ms(token: u64) -> i64 {
+    (token >> 20) as i64
+}
+
+/// The module's encoding versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Enc {
+    V1,
+    V2,
+}
+
+impl Enc {
+    fn number(self) -> u64 {
+        match self {
+            Enc::V1 => 1,
+            Enc::V2 => 2,
+        }
+    }
+
+    fn index(self) -> usize {
+        self.number() as usize - 1
+    }
+}
+
+/// One field saved by the module, or bytes that no honest writer produces.
 #[derive(Clone, Debug)]
 enum Item {
+    /// v1: an unsigned item; v2: a varint.
     U(u64),
+    /// v1: a string item; v2: a varint length and the bytes.
     S(Vec<u8>),
     /// A string whose length field says `len` but `bytes` follow.
     LyingString(u64, Vec<u8>),
+    /// v2: one byte (the kind). v1 writes it as an unsigned item.
+    Byte(u8),
+    /// v2: eight bytes little-endian (the token). v1: an unsigned item.
+    Fixed(u64),
+    /// v2: a zigzag varint (the lease). v1: an unsigned item (two's complement).
+    Lease(i64),
     /// Raw bytes, spliced in as they are.
     Raw(Vec<u8>),
 }
 
-/// A lock value as items: `kind count [owner reads writes token deadline]...`.
+fn put_item_v1(out: &mut Vec<u8>, item: &Item) {
+    match item {
+        Item::U(v) | Item::Fixed(v) => {
+            put_len(out, OP_UINT);
+            put_len(out, *v);
+        }
+        Item::Byte(b) => {
+            put_len(out, OP_UINT);
+            put_len(out, *b as u64);
+        }
+        Item::Lease(l) => {
+            put_len(out, OP_UINT);
+            put_len(out, *l as u64);
+        }
+        Item::S(s) => {
+            put_len(out, OP_STRING);
+            put_string(out, s);
+        }
+        Item::LyingString(len, bytes) => {
+            put_len(out, OP_STRING);
+            put_len(out, *len);
+            out.extend_from_slice(bytes);
+        }
+        Item::Raw(bytes) => out.extend_from_slice(bytes),
+    }
+}
+
+fn put_item_v2(out: &mut Vec<u8>, item: &Item) {
+    match item {
+        Item::U(v) => put_varint(out, *v),
+        Item::S(s) => {
+            put_varint(out, s.len() as u64);
+            out.extend_from_slice(s);
+        }
+        Item::LyingString(len, bytes) => {
+            put_varint(out, *len);
+            out.extend_from_slice(bytes);
+        }
+        Item::Byte(b) => out.push(*b),
+        Item::Fixed(v) => out.extend(v.to_le_bytes()),
+        Item::Lease(l) => put_varint(out, zigzag(*l)),
+        Item::Raw(bytes) => out.extend_from_slice(bytes),
+    }
+}
+
+/// A lock value: its fields `kind count [owner reads writes token deadline]...`
+/// in the layout `enc`, and what frames them.
 #[derive(Clone, Debug)]
 struct Payload {
-    /// Type byte and module type id.
+    /// The layout the items are written in.
+    enc: Enc,
+    /// Type byte and module type id (whose low 10 bits Redis passes to the
+    /// loader as the encoding version: normally `enc`).
     head: Vec<u8>,
     items: Vec<Item>,
+    /// v2: what the string item's length says, when it lies.
+    outer_len: Option<u64>,
+    /// v2: items (v1 framing) between the module's string and the EOF opcode.
+    after: Vec<Item>,
     eof: bool,
     version: [u8; 2],
 }
 
+fn module_id(head: &[u8]) -> u64 {
+    u64::from_be_bytes(head[2..10].try_into().unwrap())
+}
+
 impl Payload {
+    /// v2: the bytes of the module's one string.
+    fn compact(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for item in &self.items {
+            put_item_v2(&mut out, item);
+        }
+        out
+    }
+
     /// Everything before the footer.
     fn body(&self) -> Vec<u8> {
         let mut out = self.head.clone();
-        for item in &self.items {
-            match item {
-                Item::U(v) => {
-                    put_len(&mut out, OP_UINT);
-                    put_len(&mut out, *v);
+        match self.enc {
+            Enc::V1 => self.items.iter().for_each(|i| put_item_v1(&mut out, i)),
+            Enc::V2 => {
+                let compact = self.compact();
+                put_len(&mut out, OP_STRING);
+                match self.outer_len {
+                    None => put_string(&mut out, &compact),
+                    Some(n) => {
+                        put_len(&mut out, n);
+                        out.extend_from_slice(&compact);
+                    }
                 }
-                Item::S(s) => {
-                    put_len(&mut out, OP_STRING);
-                    put_string(&mut out, s);
-                }
-                Item::LyingString(len, bytes) => {
-                    put_len(&mut out, OP_STRING);
-                    put_len(&mut out, *len);
-                    out.extend_from_slice(bytes);
-                }
-                Item::Raw(bytes) => out.extend_from_slice(bytes),
             }
         }
+        self.after.iter().for_each(|i| put_item_v1(&mut out, i));
         if self.eof {
             put_len(&mut out, OP_EOF);
         }
@@ -230,6 +361,94 @@ impl Payload {
 
     fn holder_count(&self) -> usize {
         self.items.len().saturating_sub(2) / 5
+    }
+
+    /// The module id's encoding version set to `v`.
+    fn set_encver(&mut self, v: u64) {
+        let id = (module_id(&self.head) & !1023) | v;
+        self.head[2..10].copy_from_slice(&id.to_be_bytes());
+    }
+
+    /// Holder `h`'s token, if that field is still a token.
+    fn token(&self, h: usize) -> Option<u64> {
+        match self.items.get(at(h, 3)) {
+            Some(Item::U(t) | Item::Fixed(t)) => Some(*t),
+            _ => None,
+        }
+    }
+
+    fn kind_item(&self, code: u64) -> Item {
+        match self.enc {
+            Enc::V1 => Item::U(code),
+            Enc::V2 => Item::Byte(code as u8),
+        }
+    }
+
+    fn token_item(&self, token: u64) -> Item {
+        match self.enc {
+            Enc::V1 => Item::U(token),
+            Enc::V2 => Item::Fixed(token),
+        }
+    }
+
+    /// The deadline field for `deadline`, given the token holder `h` carries
+    /// (v2 stores it relative to the token, as the module's encoder does).
+    fn deadline_item(&self, h: usize, deadline: i64) -> Item {
+        match self.enc {
+            Enc::V1 => Item::U(deadline as u64),
+            Enc::V2 => Item::Lease(deadline.wrapping_sub(token_ms(self.token(h).unwrap_or(0)))),
+        }
+    }
+
+    fn set_deadline(&mut self, h: usize, deadline: i64) {
+        self.items[at(h, 4)] = self.deadline_item(h, deadline);
+    }
+
+    /// Sets holder `h`'s token; in v2, keeping its deadline or (`keep_lease`)
+    /// its stored lease, so that the deadline moves with the token.
+    fn set_token(&mut self, h: usize, token: u64, keep_lease: bool) {
+        let deadline = match (&self.items[at(h, 4)], self.token(h)) {
+            (Item::Lease(l), Some(t)) => token_ms(t).checked_add(*l),
+            (Item::U(d), _) => Some(*d as i64),
+            _ => None,
+        };
+        self.items[at(h, 3)] = self.token_item(token);
+        if let (Enc::V2, Some(d), false) = (self.enc, deadline, keep_lease) {
+            self.set_deadline(h, d);
+        }
+    }
+
+    /// The same fields in the other layout, under a module id saying so.
+    fn in_layout(&self, enc: Enc) -> Payload {
+        let mut p = self.clone();
+        p.enc = enc;
+        p.set_encver(enc.number());
+        let lock = self.fields();
+        p.items = vec![p.kind_item(lock.0), Item::U(lock.1.len() as u64)];
+        for (h, x) in lock.1.iter().enumerate() {
+            p.items.extend([
+                Item::S(x.owner.clone()),
+                Item::U(x.reads),
+                Item::U(x.writes),
+                p.token_item(x.token),
+                Item::U(0),
+            ]);
+            p.set_deadline(h, x.deadline);
+        }
+        p
+    }
+
+    /// The kind code and holders of an unmutated payload.
+    fn fields(&self) -> (u64, Vec<Holder>) {
+        let bytes = self.encode();
+        let mut r = RdbReader {
+            buf: &bytes,
+            pos: 10,
+        };
+        match read_value(&mut r, module_id(&self.head) & 1023) {
+            Read::Ok(v) => v,
+            other => panic!("not a well-formed payload: {other:?} ({self:?})"),
+        }
     }
 }
 
@@ -329,8 +548,111 @@ impl<'a> RdbReader<'a> {
     }
 }
 
+/// The v2 compact form, read as the spec in `src/lock/encoding.rs` says:
+/// strict (a missing or leftover byte is an error), varints of at most ten
+/// bytes and at most `u64::MAX` (padded forms read as their value), a deadline
+/// that overflows is an error. Hold counts are returned as read (the rules
+/// refuse those beyond u32).
+fn decode_compact(bytes: &[u8]) -> Result<(u64, Vec<Holder>), &'static str> {
+    struct C<'a>(&'a [u8]);
+    impl C<'_> {
+        fn take(&mut self, n: u64) -> Result<&[u8], &'static str> {
+            let n = usize::try_from(n).map_err(|_| "length beyond the address space")?;
+            if self.0.len() < n {
+                return Err("compact form cut short");
+            }
+            let (head, rest) = self.0.split_at(n);
+            self.0 = rest;
+            Ok(head)
+        }
+
+        fn varint(&mut self) -> Result<u64, &'static str> {
+            let mut v = 0u64;
+            for i in 0..10 {
+                let b = self.take(1)?[0];
+                let bits = (b & 0x7f) as u64;
+                if i == 9 && bits > 1 {
+                    return Err("varint beyond u64");
+                }
+                v |= bits << (7 * i);
+                if b & 0x80 == 0 {
+                    return Ok(v);
+                }
+            }
+            Err("varint longer than ten bytes")
+        }
+    }
+    let mut c = C(bytes);
+    let code = c.take(1)?[0] as u64;
+    let count = c.varint()?;
+    let mut holders = Vec::new();
+    for _ in 0..count {
+        let len = c.varint()?;
+        let owner = c.take(len)?.to_vec();
+        let reads = c.varint()?;
+        let writes = c.varint()?;
+        let token = u64::from_le_bytes(c.take(8)?.try_into().unwrap());
+        let lease = unzigzag(c.varint()?);
+        let deadline = token_ms(token)
+            .checked_add(lease)
+            .ok_or("deadline overflows")?;
+        holders.push(Holder {
+            owner,
+            reads,
+            writes,
+            token,
+            deadline,
+        });
+    }
+    if !c.0.is_empty() {
+        return Err("bytes after the last holder");
+    }
+    Ok((code, holders))
+}
+
+/// What the module's loader reads for encoding version `encver`: the kind code
+/// and the holders, or why it refuses (`Bad`) — not yet the rules.
+fn read_value(r: &mut RdbReader, encver: u64) -> Read<(u64, Vec<Holder>)> {
+    macro_rules! read {
+        ($e:expr) => {
+            match $e {
+                Read::Ok(v) => v,
+                Read::Bad(why) => return Read::Bad(why),
+                Read::Unmodelled(why) => return Read::Unmodelled(why),
+            }
+        };
+    }
+    match encver {
+        1 => {
+            let code = read!(r.unsigned());
+            let count = read!(r.unsigned());
+            let mut holders = Vec::new();
+            for _ in 0..count {
+                let owner = read!(r.string());
+                let reads = read!(r.unsigned());
+                let writes = read!(r.unsigned());
+                let token = read!(r.unsigned());
+                let deadline = read!(r.unsigned()) as i64;
+                holders.push(Holder {
+                    owner,
+                    reads,
+                    writes,
+                    token,
+                    deadline,
+                });
+            }
+            Read::Ok((code, holders))
+        }
+        2 => match decode_compact(&read!(r.string())) {
+            Ok(v) => Read::Ok(v),
+            Err(why) => Read::Bad(why),
+        },
+        _ => Read::Bad("unknown encoding version"),
+    }
+}
+
 /// Parses a real DUMP payload of a lock (written by the server with
-/// `rdbcompression no`); panics on anything else.
+/// `rdbcompression no`, in encoding version 2); panics on anything else.
 fn parse_dump(dump: &[u8]) -> Payload {
     let n = dump.len();
     assert!(n > 12, "payload too short: {dump:?}");
@@ -345,32 +667,40 @@ fn parse_dump(dump: &[u8]) -> Payload {
     assert_eq!(body[0], 7, "not a module value (RDB_TYPE_MODULE_2)");
     assert_eq!(body[1], 0x81, "module id is a 64-bit length");
     let head = body[..10].to_vec();
+    assert_eq!(module_id(&head) & 1023, 2, "DUMP is not encoding version 2");
     let mut r = RdbReader { buf: body, pos: 10 };
-    let mut items = Vec::new();
-    loop {
-        let save = r.pos;
-        match r.len().expect("opcode") {
-            (OP_EOF, false) => break,
-            (OP_UINT, false) => items.push(Item::U(r.len().expect("integer").0)),
-            (OP_STRING, false) => {
-                r.pos = save;
-                match r.string() {
-                    Read::Ok(s) => items.push(Item::S(s)),
-                    other => panic!("string: {other:?}"),
-                }
-            }
-            other => panic!("unexpected opcode {other:?}"),
-        }
-    }
+    let compact = match r.string() {
+        Read::Ok(s) => s,
+        other => panic!("the value is not one string: {other:?}"),
+    };
+    assert_eq!(r.len(), Some((OP_EOF, false)), "no EOF after the string");
     assert_eq!(r.pos, body.len(), "bytes after the EOF opcode");
-    let p = Payload {
+    let (code, holders) = decode_compact(&compact).expect("the server's compact form");
+    let mut p = Payload {
+        enc: Enc::V2,
         head,
-        items,
+        items: vec![Item::Byte(code as u8), Item::U(holders.len() as u64)],
+        outer_len: None,
+        after: Vec::new(),
         eof: true,
         version,
     };
+    for h in &holders {
+        p.items.extend([
+            Item::S(h.owner.clone()),
+            Item::U(h.reads),
+            Item::U(h.writes),
+            Item::Fixed(h.token),
+            Item::Lease(h.deadline - token_ms(h.token)),
+        ]);
+    }
     // Our encoder writes exactly what the server wrote: the model of the
     // format the mutations rely on is right.
+    assert_eq!(
+        p.compact(),
+        compact,
+        "re-encoding differs from the server's"
+    );
     assert_eq!(
         p.encode(),
         dump,
@@ -435,54 +765,39 @@ enum Verdict {
 /// Kind codes as the module saves them, learnt from real DUMPs.
 type Codes = HashMap<u64, Family>;
 
-/// The rules every loader applies (issue 12): a known kind; at least one
+/// Reads `payload` as Redis and the module do (the module id's low 10 bits
+/// choose the layout: 1 and 2 load, anything else is refused), then applies
+/// the rules every loader applies (issue 12): a known kind; at least one
 /// holder; non-empty owners, each holding once; holds >= 1 and each count a
 /// u32; READ holds only on a read-write lock; a writer alone; tokens unique,
 /// in 1..=max (the clock floor a year ahead); deadlines >= 0.
 fn judge(payload: &[u8], head: &[u8], codes: &Codes, now: i64) -> Verdict {
-    if payload.len() < head.len() + 10 || payload[..head.len()] != *head {
-        return Verdict::Either("type byte or module id changed".into(), None);
+    if payload.len() < head.len() + 10 || payload[..2] != head[..2] {
+        return Verdict::Either("type byte changed".into(), None);
+    }
+    let id = module_id(payload);
+    if id >> 10 != module_id(head) >> 10 {
+        return Verdict::Either("module type name changed".into(), None);
     }
     let mut r = RdbReader {
         buf: payload,
         pos: head.len(),
     };
-    macro_rules! read {
-        ($e:expr) => {
-            match $e {
-                Read::Ok(v) => v,
-                Read::Bad(why) => return Verdict::Invalid(why.into()),
-                Read::Unmodelled(why) => return Verdict::Either(why.into(), None),
-            }
-        };
-    }
-    let code = read!(r.unsigned());
-    let count = read!(r.unsigned());
-    let mut holders = Vec::new();
-    let mut bad: Option<String> = None;
-    let Some(&family) = codes.get(&code) else {
-        return Verdict::Invalid(format!("unknown kind {code}"));
+    let (code, holders) = match read_value(&mut r, id & 1023) {
+        Read::Ok(v) => v,
+        Read::Bad(why) => return Verdict::Invalid(why.into()),
+        Read::Unmodelled(why) => return Verdict::Either(why.into(), None),
     };
-    for _ in 0..count {
-        let owner = read!(r.string());
-        let reads = read!(r.unsigned());
-        let writes = read!(r.unsigned());
-        let token = read!(r.unsigned());
-        let deadline = read!(r.unsigned()) as i64;
-        holders.push(Holder {
-            owner,
-            reads,
-            writes,
-            token,
-            deadline,
-        });
-    }
     // The module has read its value; Redis then wants the EOF opcode.
     match r.len() {
         Some((0, _)) => {}
         _ => return Verdict::Invalid("no EOF opcode after the value".into()),
     }
+    let Some(&family) = codes.get(&code) else {
+        return Verdict::Invalid(format!("unknown kind {code}"));
+    };
     let lock = Lock { family, holders };
+    let mut bad: Option<String> = None;
     let mut uncertain = None;
     let low = ((now + YEAR_MS - 5_000) as u64) << 20;
     for (i, h) in lock.holders.iter().enumerate() {
@@ -558,6 +873,22 @@ fn extreme_deadlines(now: i64) -> Vec<u64> {
     .collect()
 }
 
+/// v2 leases as stored (relative to the token's millisecond), whatever
+/// deadline they make: overflowing, negative, huge.
+fn extreme_leases(token: u64) -> Vec<i64> {
+    vec![
+        i64::MIN,
+        i64::MAX,
+        i64::MAX - token_ms(token),
+        i64::MAX - token_ms(token) + 1,
+        -token_ms(token),
+        -token_ms(token) - 1,
+        -1,
+        0,
+        30_000,
+    ]
+}
+
 const HOLD_COUNTS: [u64; 8] = [
     0,
     1,
@@ -585,6 +916,28 @@ fn random_owner(rng: &mut Rng) -> Vec<u8> {
     }
 }
 
+/// A varint for `v` padded with `extra` continuation bytes (a longer, not
+/// minimal, form of the same number; past ten bytes in all, not a varint).
+fn padded_varint(v: u64, extra: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_varint(&mut out, v);
+    let last = out.len() - 1;
+    out[last] |= 0x80;
+    out.extend(std::iter::repeat_n(0x80, extra.saturating_sub(1)));
+    out.push(0);
+    out
+}
+
+/// The number an item carries, if any.
+fn number(item: &Item) -> Option<u64> {
+    match item {
+        Item::U(v) | Item::Fixed(v) => Some(*v),
+        Item::Byte(b) => Some(*b as u64),
+        Item::Lease(l) => Some(*l as u64),
+        _ => None,
+    }
+}
+
 /// One structured change to the items of `p` (which stays encodable).
 fn mutate_items(
     rng: &mut Rng,
@@ -596,38 +949,46 @@ fn mutate_items(
     let n = p.holder_count();
     let h = rng.index(n.max(1));
     let has = |p: &Payload, i: usize| i < p.items.len();
-    match rng.below(12) {
-        0 => {
-            let c = match &p.items[1] {
-                Item::U(c) => *c,
-                _ => 1,
-            };
+    let v2 = p.enc == Enc::V2;
+    // (A previous change may have left fewer items than a lock has.)
+    match rng.below(13) {
+        0 if p.items.len() >= 2 => {
+            let c = number(&p.items[1]).unwrap_or(1);
             let v = rng.pick(&[
                 0,
                 1,
                 2,
-                c + 1,
+                c.wrapping_add(1),
                 c.wrapping_sub(1),
-                c + 100,
+                c.wrapping_add(100),
                 u64::MAX,
                 1 << 40,
             ]);
             p.items[1] = Item::U(v);
             "holder count changed"
         }
-        1 => {
+        1 if !p.items.is_empty() => {
             let mut known: Vec<u64> = codes.keys().copied().collect();
-            known.extend([3, 7, 255, u64::MAX]);
-            p.items[0] = Item::U(rng.pick(&known));
+            known.extend([3, 7, 255]);
+            if !v2 {
+                known.push(u64::MAX);
+            }
+            p.items[0] = p.kind_item(rng.pick(&known));
             "kind changed"
         }
-        2 if has(p, at(h, 3)) => {
-            p.items[at(h, 3)] = Item::U(rng.pick(&extreme_tokens(now)));
+        2 if has(p, at(h, 4)) => {
+            p.set_token(h, rng.pick(&extreme_tokens(now)), rng.chance(3));
             "extreme token"
         }
         3 if has(p, at(h, 4)) => {
-            p.items[at(h, 4)] = Item::U(rng.pick(&extreme_deadlines(now)));
-            "extreme deadline"
+            if v2 && rng.chance(2) {
+                let t = p.token(h).unwrap_or(0);
+                p.items[at(h, 4)] = Item::Lease(rng.pick(&extreme_leases(t)));
+                "extreme lease"
+            } else {
+                p.set_deadline(h, rng.pick(&extreme_deadlines(now)) as i64);
+                "extreme deadline"
+            }
         }
         4 if has(p, at(h, 2)) => {
             let f = rng.pick(&[1, 2]);
@@ -655,7 +1016,9 @@ fn mutate_items(
                 1 => copy[0] = Item::S(random_owner(rng)),
                 _ => {
                     copy[0] = Item::S(format!("extra-{}", rng.below(1000)).into_bytes());
-                    copy[3] = Item::U(((now as u64) << 20) + 777 + rng.below(100));
+                    // (In v2 the copied lease keeps the deadline: the new
+                    // token's millisecond is the same.)
+                    copy[3] = p.token_item(((now as u64) << 20) + 777 + rng.below(100));
                     if rng.chance(2) {
                         copy[1] = Item::U(rng.below(3));
                         copy[2] = Item::U(rng.below(3));
@@ -670,11 +1033,20 @@ fn mutate_items(
             "holder added"
         }
         8 if !p.items.is_empty() => {
-            // Type confusion: an integer where a string belongs, or the reverse.
+            // Type confusion: an integer where a string belongs, or the
+            // reverse; in v2 also a field of another width.
             let i = rng.index(p.items.len());
-            p.items[i] = match &p.items[i] {
-                Item::U(v) => Item::S(v.to_le_bytes().to_vec()),
-                _ => Item::U(rng.next()),
+            let v = number(&p.items[i]).unwrap_or_else(|| rng.next());
+            p.items[i] = match (&p.items[i], v2) {
+                (Item::U(v), false) => Item::S(v.to_le_bytes().to_vec()),
+                (_, false) => Item::U(rng.next()),
+                (_, true) => match rng.below(5) {
+                    0 => Item::U(v),
+                    1 => Item::Fixed(v),
+                    2 => Item::Byte(v as u8),
+                    3 => Item::Lease(v as i64),
+                    _ => Item::S(v.to_le_bytes().to_vec()),
+                },
             };
             "item of the wrong type"
         }
@@ -694,7 +1066,7 @@ fn mutate_items(
             p.items[at(h, 0)] = Item::LyingString(len, owner);
             "string length lies"
         }
-        10 => {
+        10 if !v2 => {
             match rng.below(4) {
                 0 => p.eof = false,
                 1 => p.items.push(Item::U(rng.next())),
@@ -710,6 +1082,94 @@ fn mutate_items(
                 }
             }
             "framing changed"
+        }
+        10 => {
+            // v2: the string item around the compact form, and the varints in it.
+            let numbered: Vec<usize> = (1..p.items.len())
+                .filter(|&i| matches!(p.items[i], Item::U(_) | Item::Lease(_)))
+                .collect();
+            match rng.below(8) {
+                0 => {
+                    p.eof = false;
+                    "v2 framing: no EOF"
+                }
+                1 => {
+                    let extra = if rng.chance(2) {
+                        Item::U(rng.next())
+                    } else {
+                        Item::S(b"more".to_vec())
+                    };
+                    p.after.push(extra);
+                    "v2 framing: an item after the string"
+                }
+                2 => {
+                    p.items
+                        .push(Item::Raw(vec![rng.next() as u8; 1 + rng.index(8)]));
+                    "v2 framing: trailing bytes in the string"
+                }
+                3 => {
+                    let len = p.compact().len() as u64;
+                    p.outer_len = Some(rng.pick(&[
+                        len + 1,
+                        len.saturating_sub(1),
+                        len + 1000,
+                        0,
+                        u32::MAX as u64,
+                        1 << 40,
+                        u64::MAX,
+                    ]));
+                    "v2 framing: string length lies"
+                }
+                4 if !numbered.is_empty() => {
+                    // A padded varint: ten bytes at most is the same number.
+                    let i = rng.pick(&numbered);
+                    let v = match &p.items[i] {
+                        Item::Lease(l) => zigzag(*l),
+                        other => number(other).unwrap(),
+                    };
+                    let mut min = Vec::new();
+                    put_varint(&mut min, v);
+                    let extra = rng.pick(&[1, 2, 10 - min.len().min(9), 11 - min.len().min(10)]);
+                    p.items[i] = Item::Raw(padded_varint(v, extra.max(1)));
+                    "v2 varint padded"
+                }
+                5 if !numbered.is_empty() => {
+                    let i = rng.pick(&numbered);
+                    let mut v = vec![0xffu8; 9];
+                    v.push(rng.pick(&[0x01, 0x02, 0x7f, 0x81]));
+                    if rng.chance(3) {
+                        v[..9].fill(0x80);
+                    }
+                    p.items[i] = Item::Raw(v);
+                    "v2 varint at or past u64"
+                }
+                6 => {
+                    let i = rng.index(p.items.len() + 1);
+                    p.items.insert(
+                        i,
+                        Item::Raw(vec![rng.pick(&[0x80, 0xff, 0x00, 0x01, 0x7f])]),
+                    );
+                    "v2 byte inserted"
+                }
+                _ => {
+                    // The compact form cut inside, its string length right.
+                    let compact = p.compact();
+                    let cut = rng.index(compact.len());
+                    p.items = vec![Item::Raw(compact[..cut].to_vec())];
+                    "v2 cut inside the string"
+                }
+            }
+        }
+        11 => {
+            // The module id's encoding version: the other layout's loader, or
+            // one the module does not know.
+            let own = module_id(&p.head) & 1023;
+            let others: Vec<u64> = [1, 2, 0, 3, 1023]
+                .into_iter()
+                .filter(|&v| v != own)
+                .collect();
+            p.set_encver(rng.pick(&others));
+            "encoding version changed"
         }
         _ => {
             // Splice: this value's kind and count with another's holders.
@@ -727,27 +1187,49 @@ struct Case {
     base: usize,
 }
 
-/// The corpus: every cut point of the smaller payloads, then random byte and
-/// structured mutations up to `total`.
+/// The corpus: every cut point of the smaller payloads (in v2 also every cut
+/// of the compact string inside a right string length), then random byte and
+/// structured mutations up to `total`, a third of them on v1 bases.
 fn corpus(rng: &mut Rng, bases: &[Payload], codes: &Codes, total: usize, now: i64) -> Vec<Case> {
     let mut out = Vec::new();
+    let cuts = |rng: &mut Rng, len: usize| -> Vec<usize> {
+        if len <= 400 {
+            (0..len).collect()
+        } else {
+            (0..150).map(|_| rng.index(len)).collect()
+        }
+    };
     for (b, p) in bases.iter().enumerate() {
         let body = p.body();
-        let cuts: Vec<usize> = if body.len() <= 400 {
-            (0..body.len()).collect()
-        } else {
-            (0..150).map(|_| rng.index(body.len())).collect()
-        };
-        for cut in cuts {
+        for cut in cuts(rng, body.len()) {
             out.push(Case {
                 payload: with_footer(&body[..cut], p.version),
                 label: "truncated",
                 base: b,
             });
         }
+        if p.enc == Enc::V2 {
+            let compact = p.compact();
+            for cut in cuts(rng, compact.len()) {
+                let mut m = p.clone();
+                m.items = vec![Item::Raw(compact[..cut].to_vec())];
+                out.push(Case {
+                    payload: m.encode(),
+                    label: "v2 string truncated",
+                    base: b,
+                });
+            }
+        }
     }
+    let of =
+        |enc: Enc| -> Vec<usize> { (0..bases.len()).filter(|&b| bases[b].enc == enc).collect() };
+    let (v1, v2) = (of(Enc::V1), of(Enc::V2));
     while out.len() < total {
-        let b = rng.index(bases.len());
+        let b = if rng.chance(3) {
+            rng.pick(&v1)
+        } else {
+            rng.pick(&v2)
+        };
         let p = &bases[b];
         let case = match rng.below(10) {
             0..=2 => {
@@ -777,7 +1259,8 @@ fn corpus(rng: &mut Rng, bases: &[Payload], codes: &Codes, total: usize, now: i6
             }
             _ => {
                 let mut m = p.clone();
-                let other = &bases[rng.index(bases.len())];
+                let same = if p.enc == Enc::V1 { &v1 } else { &v2 };
+                let other = &bases[rng.pick(same)];
                 let mut label = mutate_items(rng, &mut m, other, codes, now);
                 if rng.chance(4) {
                     mutate_items(rng, &mut m, other, codes, now);
@@ -947,9 +1430,20 @@ fn server_error(v: &Value) -> Option<String> {
     }
 }
 
+/// A base lock: its payload (v2 as DUMP wrote it, or v1 crafted from it), the
+/// payload's bytes, its family and the digest of the value restored from it.
+struct Base {
+    p: Payload,
+    dump: Vec<u8>,
+    family: Family,
+    digest: String,
+}
+
 /// Counts of what happened, for the report.
 #[derive(Default, Debug)]
 struct Tally {
+    /// Per layout of the base (v1, v2): tried, refused, restored.
+    by_enc: [(usize, usize, usize); 2],
     tried: usize,
     refused: usize,
     restored: usize,
@@ -958,7 +1452,7 @@ struct Tally {
     force_released: usize,
     either: usize,
     either_why: HashMap<String, usize>,
-    by_label: HashMap<&'static str, (usize, usize)>,
+    by_label: HashMap<(Enc, &'static str), (usize, usize)>,
 }
 
 /// Restores one case under `key` and checks everything. Returns the highest
@@ -969,21 +1463,23 @@ fn run_case(
     rng: &mut Rng,
     case: &Case,
     i: usize,
-    bases: &[(Payload, Vec<u8>, Family, String)],
+    bases: &[Base],
     codes: &Codes,
     tally: &mut Tally,
     vanish: &mut Vec<(Vec<u8>, Instant, String)>,
 ) -> u64 {
     let key = format!("k:{i}").into_bytes();
     let now = now_ms();
-    let verdict = judge(&case.payload, &bases[0].0.head, codes, now);
-    let what = format!("case {i} ({}, base {}): {verdict:?}", case.label, case.base);
+    let base = &bases[case.base];
+    let verdict = judge(&case.payload, &base.p.head, codes, now);
+    let enc = base.p.enc;
+    let what = format!(
+        "case {i} ({}, base {} in {enc:?}): {verdict:?}",
+        case.label, case.base
+    );
     // A quarter of the cases replace an existing lock.
     let replaced = i.is_multiple_of(4);
-    let (old_payload, old_family, old_digest) = {
-        let b = &bases[case.base];
-        (&b.1, b.2, &b.3)
-    };
+    let (old_payload, old_family, old_digest) = (&base.dump, base.family, &base.digest);
     if replaced {
         let mut restore = cmd("RESTORE");
         restore.arg(&key[..]).arg(0).arg(&old_payload[..]);
@@ -1017,11 +1513,13 @@ fn run_case(
         ],
     );
     tally.tried += 1;
-    let entry = tally.by_label.entry(case.label).or_default();
+    tally.by_enc[enc.index()].0 += 1;
+    let entry = tally.by_label.entry((enc, case.label)).or_default();
     let snap_now = now_ms();
     let key_type = as_string(&snapshot[1]);
     if let Some(e) = server_error(&snapshot[0]) {
         tally.refused += 1;
+        tally.by_enc[enc.index()].1 += 1;
         entry.1 += 1;
         assert_eq!(
             e, "ERR Bad data format",
@@ -1059,6 +1557,7 @@ fn run_case(
     }
     assert_eq!(snapshot[0], Value::Okay, "{what}");
     tally.restored += 1;
+    tally.by_enc[enc.index()].2 += 1;
     entry.0 += 1;
     if let Verdict::Invalid(why) = &verdict {
         panic!("{what}: restored an invalid payload ({why})");
@@ -1184,8 +1683,9 @@ fn check_vanished(c: &mut Connection, vanish: &mut Vec<(Vec<u8>, Instant, String
 /// A base lock: its key, family and the commands that make it.
 type Recipe = (&'static str, Family, Vec<Vec<Vec<u8>>>);
 
-/// Makes the base locks on `c` and returns their DUMP payloads, parsed.
-fn base_locks(c: &mut Connection) -> Vec<(Payload, Vec<u8>, Family, String)> {
+/// Makes the base locks on `c` and returns their DUMP payloads (encoding
+/// version 2), parsed, then the same states crafted in version 1.
+fn base_locks(c: &mut Connection) -> Vec<Base> {
     let long_owner = "o".repeat(16 * 1024);
     let binary_owner: &[u8] = b"\x00bin\r\n\xff owner";
     let px = ["PX", "600000"];
@@ -1281,6 +1781,7 @@ fn base_locks(c: &mut Connection) -> Vec<(Payload, Vec<u8>, Family, String)> {
     ));
     make.push(("b:rw12", Family::Rw, twelve));
     let mut out = Vec::new();
+    let mut v1 = Vec::new();
     for (key, family, commands) in make {
         for a in commands {
             let mut one = cmd(std::str::from_utf8(&a[0]).unwrap());
@@ -1303,16 +1804,50 @@ fn base_locks(c: &mut Connection) -> Vec<(Payload, Vec<u8>, Family, String)> {
             .unwrap();
         let digest: Vec<String> = cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
         let _: i64 = cmd("DEL").arg(key).query(c).unwrap();
-        out.push((p, dump, family, digest[0].clone()));
+        // The same state in the version-1 layout loads as exactly that state:
+        // the same digest, and DUMP writes it back byte for byte in version 2.
+        let old = p.in_layout(Enc::V1);
+        assert_eq!(module_id(&old.head) & 1023, 1);
+        let old_dump = old.encode();
+        let _: () = cmd("RESTORE")
+            .arg(key)
+            .arg(0)
+            .arg(&old_dump[..])
+            .query(c)
+            .unwrap();
+        let old_digest: Vec<String> = cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
+        assert_eq!(old_digest, digest, "{key}: v1 payload of the same state");
+        let again: Vec<u8> = cmd("DUMP").arg(key).query(c).unwrap();
+        assert_eq!(again, dump, "{key}: v1 payload re-dumped");
+        let _: i64 = cmd("DEL").arg(key).query(c).unwrap();
+        v1.push(Base {
+            p: old,
+            dump: old_dump,
+            family,
+            digest: digest[0].clone(),
+        });
+        out.push(Base {
+            p,
+            dump,
+            family,
+            digest: digest[0].clone(),
+        });
     }
+    out.extend(v1);
     out
 }
 
-fn kind_codes(bases: &[(Payload, Vec<u8>, Family, String)]) -> Codes {
+/// The kind codes, learnt from the DUMPs (v2's kind byte) and checked against
+/// the v1 layout's kind item.
+fn kind_codes(bases: &[Base]) -> Codes {
     let mut codes = Codes::new();
-    for (p, _, f, _) in bases {
-        let Item::U(code) = p.items[0] else { panic!() };
-        assert_eq!(*codes.entry(code).or_insert(*f), *f);
+    for b in bases {
+        let code = match (b.p.enc, &b.p.items[0]) {
+            (Enc::V2, Item::Byte(code)) => *code as u64,
+            (Enc::V1, Item::U(code)) => *code,
+            other => panic!("kind item {other:?}"),
+        };
+        assert_eq!(*codes.entry(code).or_insert(b.family), b.family);
     }
     assert_eq!(codes.len(), 3);
     codes
@@ -1320,8 +1855,8 @@ fn kind_codes(bases: &[(Payload, Vec<u8>, Family, String)]) -> Codes {
 
 /// Calls every command the fuzz loop uses once, so Redis's per-command
 /// structures (latency histograms...) exist before the memory baseline.
-fn warm_up(c: &mut Connection, bases: &[(Payload, Vec<u8>, Family, String)]) {
-    for (i, (_, dump, family, _)) in bases.iter().enumerate() {
+fn warm_up(c: &mut Connection, bases: &[Base]) {
+    for (i, Base { dump, family, .. }) in bases.iter().enumerate() {
         let key = format!("warm:{i}");
         let _ = exec(
             c,
@@ -1380,20 +1915,18 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
     let mut c = s.client();
     let bases = base_locks(&mut c);
     let codes = kind_codes(&bases);
-    let payloads: Vec<Payload> = bases.iter().map(|b| b.0.clone()).collect();
+    let payloads: Vec<Payload> = bases.iter().map(|b| b.p.clone()).collect();
     let now = now_ms();
     // RLOCK_FUZZ_CASES=<n> runs a longer (or shorter) corpus by hand.
     let total = std::env::var("RLOCK_FUZZ_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(12_000);
+        .unwrap_or(20_000);
     let cases = corpus(&mut rng, &payloads, &codes, total, now);
     let mut max_token: u64 = 0;
-    for (p, ..) in &bases {
-        for h in 0..p.holder_count() {
-            if let Item::U(t) = p.items[at(h, 3)] {
-                max_token = max_token.max(t);
-            }
+    for b in &bases {
+        for h in b.p.fields().1 {
+            max_token = max_token.max(h.token);
         }
     }
 
@@ -1455,14 +1988,29 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
         tally.either,
         started.elapsed()
     );
+    for enc in [Enc::V1, Enc::V2] {
+        let (tried, refused, restored) = tally.by_enc[enc.index()];
+        eprintln!("  {enc:?} bases: {tried} tried, {refused} refused, {restored} restored");
+    }
     eprintln!("  undecided: {:?}", tally.either_why);
     let mut labels: Vec<_> = tally.by_label.iter().collect();
     labels.sort();
-    for (label, (ok, refused)) in labels {
-        eprintln!("  {label}: {ok} restored, {refused} refused");
+    for ((enc, label), (ok, refused)) in labels {
+        eprintln!("  {enc:?} {label}: {ok} restored, {refused} refused");
     }
     assert!(tally.tried >= total.min(10_000));
+    // Issue 12's 10,000 mutations of what DUMP writes (version 2).
+    assert!(tally.by_enc[Enc::V2.index()].0 >= (total / 2).min(10_000));
     assert!(tally.refused > 1000 && tally.restored > 1000, "{tally:?}");
+    // Both loaders get a real share of both outcomes.
+    for enc in [Enc::V1, Enc::V2] {
+        let (tried, refused, restored) = tally.by_enc[enc.index()];
+        let share = total / 10;
+        assert!(
+            tried >= 2 * share && refused >= share / 2 && restored >= share / 2,
+            "{enc:?}: {tried} tried, {refused} refused, {restored} restored"
+        );
+    }
     assert!(
         after - baseline < 64 * 1024,
         "used_memory grew from {baseline} to {after}"
@@ -1497,17 +2045,9 @@ fn crashed(log: &str) -> bool {
     .any(|m| log.contains(m))
 }
 
-fn holders_of(p: &Payload) -> Vec<(u64, i64)> {
-    (0..p.holder_count())
-        .filter_map(|h| match (&p.items[at(h, 3)], &p.items[at(h, 4)]) {
-            (Item::U(t), Item::U(d)) => Some((*t, *d as i64)),
-            _ => None,
-        })
-        .collect()
-}
-
 #[test]
 fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
+    let started = Instant::now();
     let mut rng = Rng(seed("rdb"));
     let mut s = Server::start_with(
         &["--save", "", "--appendonly", "no", "--rdbcompression", "no"],
@@ -1546,45 +2086,67 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
     );
 
     let now = now_ms();
-    let mut mutations: Vec<(&str, Payload, bool)> = Vec::new();
-    let mut m = victim.clone();
-    m.items.truncate(2);
-    m.eof = false;
-    mutations.push(("cut after the holder count", m, false));
-    for token in [u64::MAX, (1 << 63) + 5, ((now + 10 * YEAR_MS) as u64) << 20] {
+    let mut mutations: Vec<(String, Payload, bool)> = Vec::new();
+    for victim in [victim.clone(), victim.in_layout(Enc::V1)] {
+        let v = format!("{:?}", victim.enc);
+        let mut push = |label: &str, m: Payload, must_load: bool| {
+            mutations.push((format!("{v} {label}"), m, must_load));
+        };
         let mut m = victim.clone();
-        m.items[at(1, 3)] = Item::U(token);
-        mutations.push(("token out of range", m, false));
-    }
-    let mut m = victim.clone();
-    m.items[at(1, 2)] = Item::U(1);
-    mutations.push(("a writer among readers", m, false));
-    let mut m = victim.clone();
-    m.items[at(2, 1)] = Item::U(0);
-    mutations.push(("a holder with no holds", m, false));
-    let mut m = victim.clone();
-    m.items[at(2, 0)] = m.items[at(0, 0)].clone();
-    mutations.push(("an owner twice", m, false));
-    let mut m = victim.clone();
-    for h in 0..3 {
-        m.items[at(h, 4)] = Item::U((now - 60_000) as u64);
-    }
-    mutations.push(("every lease ended", m, true));
-    let mut m = victim.clone();
-    m.items.truncate(at(1, 0));
-    m.items[1] = Item::U(1);
-    m.items[at(0, 4)] = Item::U((now - 60_000) as u64);
-    mutations.push(("one holder, its lease ended", m, true));
-    let mut m = victim.clone();
-    m.items[at(0, 4)] = Item::U(i64::MAX as u64);
-    m.items[at(2, 3)] = Item::U(((now as u64) << 20) + 99);
-    mutations.push(("far deadline, new token", m, true));
-    // And a few random ones from the RESTORE corpus's generator.
-    for _ in 0..3 {
+        m.items.truncate(2);
+        if victim.enc == Enc::V1 {
+            m.eof = false;
+        }
+        push("cut after the holder count", m, false);
+        if victim.enc == Enc::V2 {
+            let mut m = victim.clone();
+            m.outer_len = Some(victim.compact().len() as u64 + 1000);
+            push("string length says more", m, false);
+            let mut m = victim.clone();
+            let mut lease = vec![0x80u8; 9];
+            lease.push(0x02);
+            m.items[at(1, 4)] = Item::Raw(lease);
+            push("lease varint past u64", m, false);
+        }
         let mut m = victim.clone();
-        mutate_items(&mut rng, &mut m, &victim, &codes, now);
-        mutations.push(("random structured change", m, false));
+        m.set_encver(3);
+        push("unknown encoding version", m, false);
+        for token in [u64::MAX, (1 << 63) + 5, ((now + 10 * YEAR_MS) as u64) << 20] {
+            let mut m = victim.clone();
+            m.set_token(1, token, false);
+            push("token out of range", m, false);
+        }
+        let mut m = victim.clone();
+        m.items[at(1, 2)] = Item::U(1);
+        push("a writer among readers", m, false);
+        let mut m = victim.clone();
+        m.items[at(2, 1)] = Item::U(0);
+        push("a holder with no holds", m, false);
+        let mut m = victim.clone();
+        m.items[at(2, 0)] = m.items[at(0, 0)].clone();
+        push("an owner twice", m, false);
+        let mut m = victim.clone();
+        for h in 0..3 {
+            m.set_deadline(h, now - 60_000);
+        }
+        push("every lease ended", m, true);
+        let mut m = victim.clone();
+        m.items.truncate(at(1, 0));
+        m.items[1] = Item::U(1);
+        m.set_deadline(0, now - 60_000);
+        push("one holder, its lease ended", m, true);
+        let mut m = victim.clone();
+        m.set_deadline(0, i64::MAX);
+        m.set_token(2, ((now as u64) << 20) + 99, false);
+        push("far deadline, new token", m, true);
+        // And a few random ones from the RESTORE corpus's generator.
+        for _ in 0..2 {
+            let mut m = victim.clone();
+            mutate_items(&mut rng, &mut m, &victim, &codes, now);
+            push("random structured change", m, false);
+        }
     }
+    let victim_tokens: Vec<u64> = victim.fields().1.iter().map(|h| h.token).collect();
 
     let mut outcomes = Vec::new();
     for (label, m, must_load) in mutations {
@@ -1617,7 +2179,7 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
                     "{what}: did not exit by itself ({status:?})\n{log}"
                 );
                 // The designed cases reach the module, which must say why.
-                if label != "random structured change" {
+                if !label.ends_with("random structured change") {
                     assert!(
                         log.contains("rlock: refused a lock value:"),
                         "{what}: no line from rlock\n{log}"
@@ -1672,7 +2234,7 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
                 let tokens = lock
                     .iter()
                     .flat_map(|l| l.holders.iter().map(|h| h.token))
-                    .chain(holders_of(&victim).into_iter().map(|(t, _)| t))
+                    .chain(victim_tokens.iter().copied())
                     .chain([other_token as u64]);
                 let top = tokens.max().unwrap();
                 let t = int(&mut c, &["RLOCK.ACQUIRE", "fresh", "f"]) as u64;
@@ -1686,7 +2248,12 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
         }
         assert!(!crashed(&s.log()), "{what}\n{}", s.log());
     }
-    eprintln!("rdb: {}", outcomes.join("; "));
+    eprintln!(
+        "rdb: {} files, {:?}: {}",
+        outcomes.len(),
+        started.elapsed(),
+        outcomes.join("; ")
+    );
 }
 
 /// The two leftovers the fuzz loop found, made on purpose: `RESTORE ... REPLACE`
@@ -1701,33 +2268,36 @@ fn restore_replace_and_past_absttl_leave_nothing_behind() {
     int(&mut c, &["RLOCK.ACQUIRE", "src", "w", "PX", "600000"]);
     let live = parse_dump(&cmd("DUMP").arg("src").query::<Vec<u8>>(&mut c).unwrap());
     let _ = call(&mut c, &["DEL", "src"]);
-    let mut ended = live.clone();
-    ended.items[at(0, 4)] = Item::U((now_ms() - 1_000) as u64);
-    let mut forever = live.clone();
-    forever.items[at(0, 4)] = Item::U(i64::MAX as u64);
-    int(&mut c, &["RLOCK.ACQUIRE", "k", "other", "PX", "600000"]);
-    let _: () = cmd("RESTORE")
-        .arg("k")
-        .arg(0)
-        .arg(ended.encode())
-        .arg("REPLACE")
-        .query(&mut c)
-        .unwrap();
-    let past = (now_ms() - 1_000).to_string();
-    for key in ["gone1", "gone2"] {
+    // In both layouts (v2 as DUMP writes it, v1 as older files hold it).
+    for live in [live.clone(), live.in_layout(Enc::V1)] {
+        let mut ended = live.clone();
+        ended.set_deadline(0, now_ms() - 1_000);
+        let mut forever = live.clone();
+        forever.set_deadline(0, i64::MAX);
+        int(&mut c, &["RLOCK.ACQUIRE", "k", "other", "PX", "600000"]);
         let _: () = cmd("RESTORE")
-            .arg(key)
-            .arg(&past)
-            .arg(forever.encode())
+            .arg("k")
+            .arg(0)
+            .arg(ended.encode())
             .arg("REPLACE")
-            .arg("ABSTTL")
             .query(&mut c)
             .unwrap();
-        assert_eq!(int(&mut c, &["EXISTS", key]), 0);
+        let past = (now_ms() - 1_000).to_string();
+        for key in ["gone1", "gone2"] {
+            let _: () = cmd("RESTORE")
+                .arg(key)
+                .arg(&past)
+                .arg(forever.encode())
+                .arg("REPLACE")
+                .arg("ABSTTL")
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(int(&mut c, &["EXISTS", key]), 0);
+        }
+        wait_until(Duration::from_secs(1), || {
+            int(&mut c, &["EXISTS", "k"]) == 0
+        });
     }
-    wait_until(Duration::from_secs(1), || {
-        int(&mut c, &["EXISTS", "k"]) == 0
-    });
     assert_clean(&mut c, "after RESTORE REPLACE and ABSTTL");
 }
 

@@ -5,6 +5,7 @@
 //! which requests are compatible with the current holders (`LockState::admit`).
 
 pub mod delta;
+pub mod encoding;
 mod owner;
 mod queue;
 mod state;
