@@ -278,7 +278,7 @@ pub fn persist_targets(r: &Results) -> Vec<Target> {
     for (id, what, get) in [
         (
             "reload",
-            "worst PING after `DEBUG RELOAD` until the lease schedule is rebuilt",
+            "worst PING after `DEBUG RELOAD` until the module holds every lock again",
             (|x: &Persist| x.rebuild_stall) as fn(&Persist) -> Stall,
         ),
         (
@@ -514,7 +514,7 @@ pub fn render_persist(w: &mut String, r: &Results) {
          `aof-use-rdb-preamble no` (plain commands; from the command until `INFO persistence` \
          shows it finished, polled every ms, `hz 100` meanwhile so Redis notices the child \
          within 10 ms; size of the base file), then AOF off again; `DEBUG RELOAD` (round trip: \
-         save, flush, load), then until `rlock_lease_schedule` is back to N, with a PING loop \
+         save, flush, load), then until `rlock_locks` is back to N (the module keeps its lease schedule while loading, so nothing is rebuilt after it), with a PING loop \
          meanwhile; a replica (with the module, if the server has it) attached and synced, \
          then `REPLICAOF NO ONE` on it with a PING loop on the replica, until it watches all \
          N leases (+100 ms), quiet = the 300 ms before; `FLUSHALL SYNC` (round trip), with \
