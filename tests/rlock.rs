@@ -681,7 +681,7 @@ fn default_lease_is_configurable() {
 fn bad_module_arguments_refuse_the_load() {
     let dir = std::env::temp_dir().join(format!("rlock-badargs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = std::process::Command::new("redis-server")
+    let out = std::process::Command::new(server_binary())
         .arg("--port")
         .arg(free_port().to_string())
         .arg("--dir")

@@ -21,6 +21,25 @@ pub fn module_path() -> PathBuf {
     p
 }
 
+/// The server binary every test starts: `RLOCK_SERVER` (a path or a name on
+/// PATH, e.g. `.servers/redis-8.2/redis-server` or a `valkey-server`), else
+/// `redis-server`. `make test` runs the suites once per server this way.
+pub fn server_binary() -> String {
+    std::env::var("RLOCK_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// `INFO server` of a running server, as (field, value) lines.
+pub fn server_info(c: &mut Connection, field_name: &str) -> Option<String> {
+    let info: String = cmd("INFO").arg("server").query(c).ok()?;
+    let prefix = format!("{field_name}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().to_string())
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -80,10 +99,10 @@ impl Server {
                     "--log-file={}",
                     self.dir.join(format!("valgrind-{port}-%p.log")).display()
                 ))
-                .arg("redis-server");
+                .arg(server_binary());
             v
         } else {
-            Command::new("redis-server")
+            Command::new(server_binary())
         };
         let child = command
             .arg("--port")
@@ -96,7 +115,7 @@ impl Server {
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
-            .expect("redis-server must be installed (make deps)");
+            .unwrap_or_else(|e| panic!("cannot start {} (make deps installs it): {e}", server_binary()));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(if valgrind() { 60 } else { 10 });
         loop {
