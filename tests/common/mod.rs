@@ -115,7 +115,12 @@ impl Server {
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {} (make deps installs it): {e}", server_binary()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} (make deps installs it): {e}",
+                    server_binary()
+                )
+            });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(if valgrind() { 60 } else { 10 });
         loop {
