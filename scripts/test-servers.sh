@@ -42,6 +42,7 @@ for server in ${SERVERS:-redis-7.0 redis-8.2 valkey-8.1}; do
 	echo "=================================================================="
 	echo "  rlock test suites on ${LABEL[$server]}: $("$bin" --version 2>&1 | head -1)"
 	echo "=================================================================="
+	started=$SECONDS
 	export RLOCK_SERVER=$bin RLOCK_SERVER_NAME=${NAME[$server]}
 	run "$server" "Python client library" python3 clients/python/tests/run.py
 	run "$server" "Python example" python3 examples/python/test_rlock_client.py
@@ -52,6 +53,7 @@ for server in ${SERVERS:-redis-7.0 redis-8.2 valkey-8.1}; do
 	fi
 	run "$server" "cargo test (module integration suites, Rust client library)" \
 		cargo test --release --workspace --tests -- --test-threads=4
+	echo "----- [$server] all suites ran in $((SECONDS - started)) s -----"
 done
 
 if [ ${#failures[@]} -gt 0 ]; then

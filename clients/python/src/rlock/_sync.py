@@ -99,7 +99,7 @@ class _Renewer:
         self.thread = threading.Thread(
             target=self._run,
             args=(weakref.ref(lock), lock.lease_ms),
-            name="rlock-renew:%s" % (lock.key,),
+            name="rlock-renew:%r" % (lock.key,),
             daemon=True,
         )
         self.thread.start()
@@ -447,11 +447,11 @@ class RedLockGrant:
 
 
 def _redlock_client(server: Union["redis.Redis", str], timeout: float) -> "redis.Redis":
-    over = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if isinstance(server, str):
         return redis.Redis.from_url(
-            server, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **over)
-    clone = _clone(server, **over)
+            server, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+            socket_timeout=timeout, socket_connect_timeout=timeout)
+    clone = _clone(server, socket_timeout=timeout, socket_connect_timeout=timeout)
     if clone is None:
         raise ValueError(
             "RedLock needs clients on plain connection pools (or URLs) to set its "

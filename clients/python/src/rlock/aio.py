@@ -328,11 +328,11 @@ class AsyncReadWriteLock:
 
 
 def _redlock_client(server: Union[ARedis, str], timeout: float) -> ARedis:
-    over = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if isinstance(server, str):
         return redis.asyncio.Redis.from_url(
-            server, retry=Retry(NoBackoff(), 0), retry_on_timeout=False, **over)
-    clone = _clone(server, **over)
+            server, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+            socket_timeout=timeout, socket_connect_timeout=timeout)
+    clone = _clone(server, socket_timeout=timeout, socket_connect_timeout=timeout)
     if clone is None:
         raise ValueError("AsyncRedLock needs clients on plain connection pools (or URLs)")
     return clone
