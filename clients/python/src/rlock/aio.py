@@ -18,7 +18,6 @@ import logging
 import random
 import time
 import uuid
-import weakref
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import redis
@@ -48,7 +47,6 @@ from ._sync import RedLockGrant
 log = logging.getLogger("rlock")
 
 ARedis = redis.asyncio.Redis
-_DERIVED: "weakref.WeakKeyDictionary[Any, Dict[Any, ARedis]]" = weakref.WeakKeyDictionary()
 
 
 def _clone(client: ARedis, **overrides: Any) -> Optional[ARedis]:
@@ -63,30 +61,23 @@ def _clone(client: ARedis, **overrides: Any) -> Optional[ARedis]:
     return redis.asyncio.Redis(connection_pool=new_pool)
 
 
-def _derived(client: ARedis, tag: Any, **overrides: Any) -> ARedis:
-    pool = client.connection_pool
-    per_pool = _DERIVED.setdefault(pool, {})
-    found = per_pool.get(tag)
-    if found is None:
-        found = _clone(client, **overrides) or client
-        per_pool[tag] = found
-    return found
-
-
-def _blocking_client(client: ARedis) -> ARedis:
-    """As in the sync half: no read timeout and no retries for BLOCK waits."""
+def _blocking_client(client: ARedis) -> Optional[ARedis]:
+    """As in the sync half: no read timeout and no retries for a BLOCK wait.
+    A new client per wait, closed after it (clients are tied to an event
+    loop, so none is cached)."""
     kw = client.connection_pool.connection_kwargs
     connect = kw.get("socket_connect_timeout") or kw.get("socket_timeout")
-    return _derived(client, "block", socket_timeout=None, socket_connect_timeout=connect)
+    return _clone(client, socket_timeout=None, socket_connect_timeout=connect)
 
 
-def _renewal_client(client: ARedis, lease_ms: int) -> ARedis:
-    """As in the sync half: no retries, a timeout of at most lease/3."""
+def _renewal_client(client: ARedis, lease_ms: int) -> Optional[ARedis]:
+    """As in the sync half: no retries, a timeout of at most lease/3. One per
+    renewal task, closed when it ends."""
     timeout = max(0.01, lease_ms / 3000.0)
     mine = client.connection_pool.connection_kwargs.get("socket_timeout")
     if mine is not None:
         timeout = min(timeout, mine)
-    return _derived(client, ("renew", timeout), socket_timeout=timeout, socket_connect_timeout=timeout)
+    return _clone(client, socket_timeout=timeout, socket_connect_timeout=timeout)
 
 
 async def _close(obj: Any) -> None:
@@ -94,6 +85,12 @@ async def _close(obj: Any) -> None:
     result = closer()
     if asyncio.iscoroutine(result):
         await result
+
+
+async def _close_own(client: ARedis) -> None:
+    """Closes a client this module made, with its connection pool."""
+    await _close(client)
+    await client.connection_pool.disconnect()
 
 
 class _AsyncLockBase:
@@ -150,9 +147,13 @@ class _AsyncLockBase:
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[int]:
         """Token, or None when not granted (see the sync ``acquire``)."""
         block = block_ms(blocking, timeout)
-        client = self.client if block is None else _blocking_client(self.client)
-        reply = await client.execute_command(
-            *self._family.acquire(self.key, self.owner, self.lease_ms, block))
+        own = None if block is None else _blocking_client(self.client)
+        try:
+            reply = await (own or self.client).execute_command(
+                *self._family.acquire(self.key, self.owner, self.lease_ms, block))
+        finally:
+            if own is not None:
+                await _close_own(own)
         if reply is None:
             return None
         token = int(reply)
@@ -218,9 +219,11 @@ class _AsyncLockBase:
                 await self._stop_renewer()
             return left
 
-    async def renew(self) -> None:
+    async def renew(self, _via: Optional[ARedis] = None) -> None:
+        """Resets the lease now (the renewal task does this every lease/3);
+        raises LockLost when the server says this owner holds nothing."""
         try:
-            await _renewal_client(self.client, self.lease_ms).execute_command(
+            await (_via or self.client).execute_command(
                 *self._family.renew(self.key, self.owner, self.lease_ms))
         except redis.ResponseError as e:
             if is_notowner(e):
@@ -234,21 +237,26 @@ class _AsyncLockBase:
     async def _renew_loop(self) -> None:
         interval = self.lease_ms / 3000.0
         last_ok = time.monotonic()
-        while True:
-            await asyncio.sleep(interval)
-            async with self._mutex:  # no RENEW racing a RELEASE
-                if self._holds == 0:
-                    return
-                try:
-                    await self.renew()
-                    last_ok = time.monotonic()
-                except LockLost:
-                    return
-                except redis.RedisError as e:
-                    if time.monotonic() - last_ok >= self.lease_ms / 1000.0:
-                        await self._mark_lost(
-                            "no renewal reached the server for a whole lease (%s)" % e)
+        via = _renewal_client(self.client, self.lease_ms)
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                async with self._mutex:  # no RENEW racing a RELEASE
+                    if self._holds == 0:
                         return
+                    try:
+                        await self.renew(via)
+                        last_ok = time.monotonic()
+                    except LockLost:
+                        return
+                    except (redis.RedisError, OSError) as e:
+                        if time.monotonic() - last_ok >= self.lease_ms / 1000.0:
+                            await self._mark_lost(
+                                "no renewal reached the server for a whole lease (%s)" % e)
+                            return
+        finally:
+            if via is not None:
+                await _close_own(via)
 
     async def _stop_renewer(self) -> None:
         self._token = None
@@ -433,4 +441,4 @@ class AsyncRedLock:
 
     async def close(self) -> None:
         for c in self.clients:
-            await _close(c)
+            await _close_own(c)
