@@ -692,6 +692,7 @@ fn bad_module_arguments_refuse_the_load() {
         .arg("zero")
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         !out.status.success(),
         "redis-server must refuse a module it could not load"

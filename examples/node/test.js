@@ -63,6 +63,7 @@ before(async () => {
       '--loadmodule', MODULE],
     { stdio: 'ignore' },
   );
+  process.on('exit', () => server.kill('SIGKILL')); // also when a test run is cut short
   admin = new Redis({ port, host: '127.0.0.1', retryStrategy: (n) => (n > 200 ? null : 20) });
   await waitFor(async () => (await admin.ping().catch(() => null)) === 'PONG', 10000);
   const info = await admin.info('server');

@@ -4,6 +4,7 @@ no persistence, each on a free loopback port in its own directory."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -23,6 +24,16 @@ import redis  # noqa: E402
 
 MODULE = os.environ.get("RLOCK_MODULE") or os.path.join(ROOT, "target", "release", "librlock.so")
 SERVER = os.environ.get("RLOCK_SERVER") or "redis-server"
+
+
+_RUNNING: "set[Server]" = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Servers a failed or interrupted run did not stop."""
+    for s in list(_RUNNING):
+        s.stop()
 
 
 def free_port() -> int:
@@ -45,6 +56,7 @@ class Server:
             [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
              "--save", "", "--appendonly", "no", "--loadmodule", MODULE, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
+        _RUNNING.add(self)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -97,6 +109,7 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
             self.proc = None
+        _RUNNING.discard(self)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
