@@ -14,6 +14,7 @@ all: build
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-sentinel >/dev/null 2>&1 || missing="$$missing redis-sentinel"; \
 	dpkg -s libclang-dev >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
 	python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
@@ -57,7 +58,9 @@ test: build
 
 # Native locks against SET NX PX and Redisson-style Lua scripts (bench/lua/):
 # starts its own redis-server processes, writes BENCHMARKS.md at the repo root.
-# BENCH_QUICK=1 make bench: reduced sizes, a smoke run of a minute or two.
+# BENCH_QUICK=1 make bench: reduced sizes, a smoke run of a few minutes.
+# BENCH_ONLY=storm,persist (or a,a1,a2,a3/replica,b,c,d,d1,d2,e,e1/readers,e2/admit,
+# f/storm,g/persist) runs only those sections; BENCH_OUT=file writes elsewhere.
 bench: build
 	cargo run --release --example bench
 
@@ -71,9 +74,11 @@ lint:
 clean:
 	cargo clean
 
-# make test, plus the long load runs (15 s per lock kind) and the valgrind suites.
+# make test, plus the long load runs (15 s per lock kind), the long Sentinel
+# failover runs (three rounds of each fault) and the valgrind suites.
 test-full: test
 	cargo test --release --test load -- --ignored
+	cargo test --release --test failover -- --ignored --nocapture
 	$(MAKE) test-valgrind
 
 # The integration suites with every redis-server under valgrind memcheck: fails on

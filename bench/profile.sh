@@ -14,7 +14,9 @@
 # instructions per call (Redis's call() inclusive, what INFO commandstats
 # times) and the heaviest callees. Profiles stay in the printed directory for
 # callgrind_annotate. CACHE_SIM=1 adds callgrind's cache simulation (L1/LL
-# misses per call). Needs valgrind, redis-server and redis-cli.
+# misses per call). SERVER_ARGS adds redis-server arguments, e.g.
+# SERVER_ARGS="--appendonly yes --appendfsync no" to count the cost of building
+# and propagating replicated effects. Needs valgrind, redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-20000}
@@ -49,7 +51,7 @@ profile() {
     valgrind --tool=callgrind --cache-sim="$([ -n "${CACHE_SIM:-}" ] && echo yes || echo no)" \
         --callgrind-out-file="$work/$name/cg.%p" \
         redis-server --port "$port" --bind 127.0.0.1 --dir "$work/$name" --save '' \
-        --appendonly no --loadmodule "$so" > "$work/$name/valgrind.log" 2>&1 &
+        --appendonly no ${SERVER_ARGS:-} --loadmodule "$so" > "$work/$name/valgrind.log" 2>&1 &
     vg=$!
     trap "kill $vg 2>/dev/null || true" EXIT
     for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done

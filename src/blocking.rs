@@ -9,25 +9,44 @@
 //! key-blocked client runs its timeout callback at once, which writes the
 //! token. So a release costs one wake-up, however long the queue.
 //!
+//! Redis is never asked to time a waiter out (it is parked with no Redis
+//! timeout): its BLOCK deadline is kept here, in the queued `Waiter` and in a
+//! deadline set behind one module timer, and the timeout is delivered through
+//! `RM_UnblockClient` like a grant. Two reasons, both about a server that was
+//! frozen (SIGSTOP, a long command) and catches up:
+//! - a waiter past its deadline is never granted: serving skips it, and it is
+//!   answered null as a timeout (`Served::TimedOut`);
+//! - every unblock goes through Redis's module-unblock path, which sets the
+//!   client's replication offset after the grant's effects were propagated, so
+//!   `WAIT` on the granted connection waits for the grant. When Redis times a
+//!   key-blocked client out itself in the same event-loop turn as a grant, that
+//!   path is skipped and `WAIT` would return at once.
+//!
+//! While the master refuses writes (min-replicas-to-write), a hand-over from
+//! the lease timer is withheld: the waiters keep waiting, and the key is
+//! served again once the master accepts writes (checked every `RETRY_MS`).
+//!
 //! The queues live here, not in the key's value: they are made of connections,
 //! are neither persisted nor replicated, and must outlive the value when Redis
 //! expires the key under them (the first waiter then starts a fresh value) or
 //! removes it (the waiters are then told to retry).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::{c_int, c_void};
 
 use redis_module::raw::{self, RedisModuleBlockedClient};
 
-use crate::ffi::{api, bytes, send, Ctx, RStr, Reply, OK};
-use crate::lock::{Kind, Mode, Served, WaitQueue, Waiter};
+use crate::ffi::{api, bytes, now_ms, send, Ctx, RStr, Reply, OK};
+use crate::lock::{Delta, Kind, LockState, Mode, Served, WaitQueue, Waiter};
 use crate::stats;
 
 enum Status {
     Waiting,
     Granted(u64),
     Failed(String),
+    /// Its BLOCK time ran out: answered null.
+    TimedOut,
 }
 
 struct Record {
@@ -35,7 +54,14 @@ struct Record {
     db: i32,
     key: Vec<u8>,
     status: Status,
+    /// BLOCK deadline (unix ms), 0 for none.
+    deadline: i64,
 }
+
+/// How often withheld hand-overs re-check whether the master accepts writes.
+const RETRY_MS: i64 = 50;
+/// Longest single wait of the timer (a BLOCK of days re-arms hourly).
+const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 
 #[derive(Default)]
 struct Registry {
@@ -43,6 +69,12 @@ struct Registry {
     records: HashMap<u64, Record>,
     queues: HashMap<i32, HashMap<Vec<u8>, WaitQueue>>,
     queued: usize,
+    /// (BLOCK deadline, waiter id) of every parked waiter with a timeout.
+    deadlines: BTreeSet<(i64, u64)>,
+    /// Keys whose hand-over waits for the master to accept writes again.
+    withheld: HashSet<(i32, Vec<u8>)>,
+    /// The armed timer and the unix ms it fires at.
+    timer: Option<(raw::RedisModuleTimerID, i64)>,
 }
 
 impl Registry {
@@ -125,13 +157,15 @@ pub fn enqueue(db: i32, key: &[u8], kind: Kind, owner: &[u8], mode: Mode, lease_
             owner: owner.to_vec(),
             mode,
             lease_ms,
+            deadline: 0,
         });
         r.queued += 1;
         id
     })
 }
 
-/// Blocks the calling client as waiter `id` (already queued) on `keyname`.
+/// Blocks the calling client as waiter `id` (already queued) on `keyname`,
+/// for `timeout_ms` (0: forever). Redis gets no timeout: see the module doc.
 pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64) {
     let mut keys = [keyname];
     let privdata = Box::into_raw(Box::new(id)).cast::<c_void>();
@@ -141,7 +175,7 @@ pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64
             Some(on_key_ready),
             Some(on_timeout),
             Some(free_privdata),
-            timeout_ms,
+            0,
             keys.as_mut_ptr(),
             1,
             privdata,
@@ -149,7 +183,18 @@ pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64
     };
     unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect)) };
     let key = unsafe { bytes(keyname) }.to_vec();
+    let deadline = if timeout_ms > 0 {
+        now_ms().saturating_add(timeout_ms)
+    } else {
+        0
+    };
+    if deadline != 0 {
+        with_queue(db, &key, |q| q.set_deadline(id, deadline));
+    }
     with(|r| {
+        if deadline != 0 {
+            r.deadlines.insert((deadline, id));
+        }
         r.records.insert(
             id,
             Record {
@@ -157,9 +202,112 @@ pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64
                 db,
                 key,
                 status: Status::Waiting,
+                deadline,
             },
         )
     });
+    if deadline != 0 {
+        arm(ctx);
+    }
+}
+
+/// Serves the queue of a key for the engine: waiters past their BLOCK time
+/// are dropped, then the head is granted if it fits, unless this master
+/// refuses writes (min-replicas-to-write): the hand-over then waits.
+pub fn serve(
+    db: i32,
+    key: &[u8],
+    lock: &mut LockState,
+    now: i64,
+    issue: &mut dyn FnMut() -> Option<u64>,
+    delta: &mut Delta,
+) -> Vec<Served> {
+    let (served, withheld) = with_queue(db, key, |q| {
+        let mut served = q.drop_timed_out(now);
+        if q.head_admissible(lock) && crate::role::refuses_writes() {
+            return (served, true);
+        }
+        served.extend(q.serve(lock, now, issue, delta));
+        (served, false)
+    })
+    .unwrap_or_default();
+    if withheld {
+        let first = with(|r| {
+            r.withheld.insert((db, key.to_vec()));
+            r.withheld.len() == 1
+        });
+        if first {
+            arm(crate::notify::module_context());
+        }
+    }
+    served
+}
+
+fn next_due(r: &Registry) -> Option<i64> {
+    let deadline = r.deadlines.first().map(|(d, _)| d.saturating_add(1));
+    let retry = (!r.withheld.is_empty()).then(|| now_ms().saturating_add(RETRY_MS));
+    match (deadline, retry) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// (Re)arms the timer for the earliest BLOCK deadline or withheld retry.
+fn arm(ctx: *mut Ctx) {
+    let stale = with(|r| {
+        let due = next_due(r)?;
+        match r.timer {
+            Some((_, at)) if at <= due => None,
+            _ => Some((r.timer.take(), due)),
+        }
+    });
+    let Some((old, due)) = stale else { return };
+    unsafe {
+        if let Some((id, _)) = old {
+            api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut());
+        }
+        let delay = due.saturating_sub(now_ms()).clamp(0, MAX_TIMER_DELAY_MS);
+        let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
+        with(|r| r.timer = Some((id, due)));
+    }
+}
+
+/// Ends the waits whose BLOCK time ran out, and retries withheld hand-overs
+/// once the master accepts writes again.
+unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
+    crate::ffi::contained("blocking timer", (), || {
+        let now = now_ms();
+        let due: Vec<u64> = with(|r| {
+            r.timer = None;
+            let mut due = Vec::new();
+            while let Some(&(deadline, id)) = r.deadlines.first() {
+                if deadline >= now {
+                    break;
+                }
+                r.deadlines.pop_first();
+                due.push(id);
+            }
+            due
+        });
+        for id in due {
+            // Still waiting: answered by on_timeout as a timeout (null).
+            let bc = with(|r| match r.records.get(&id) {
+                Some(rec) if matches!(rec.status, Status::Waiting) => Some(rec.bc),
+                _ => None,
+            });
+            if let Some(bc) = bc {
+                api!(RedisModule_UnblockClient)(bc, std::ptr::null_mut());
+            }
+        }
+        let retry = with(|r| !r.withheld.is_empty()) && !crate::role::refuses_writes();
+        if retry {
+            let keys: Vec<(i32, Vec<u8>)> = with(|r| r.withheld.drain().collect());
+            for (db, key) in keys {
+                crate::engine::serve_queue(ctx, db, &key, crate::lease::IfAbsent::Grant);
+            }
+        }
+        arm(ctx);
+    })
 }
 
 /// Answers the waiters the state machine served (already dequeued).
@@ -171,9 +319,8 @@ pub fn deliver(served: Vec<Served>) {
                 stats::bump(&stats::CONTENDED_GRANTS, 1);
                 (id, Status::Granted(token))
             }
-            Served::Refused { id } => {
-                (id, Status::Failed(crate::commands::UPGRADE_ERR.to_string()))
-            }
+            Served::Refused { id, error } => (id, Status::Failed(error.to_string())),
+            Served::TimedOut { id } => (id, Status::TimedOut),
         };
         unblock(id, status);
     }
@@ -217,6 +364,9 @@ unsafe fn waiter_id(ctx: *mut Ctx) -> Option<u64> {
 fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
     let rec = with(|r| {
         let rec = r.records.remove(&id);
+        if let Some(rec) = &rec {
+            r.deadlines.remove(&(rec.deadline, id));
+        }
         r.release_spare_capacity();
         rec
     })?;
@@ -243,7 +393,7 @@ unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_i
         let reply = match depart(ctx, id) {
             Some(Status::Granted(token)) => Reply::Int(token as i64),
             Some(Status::Failed(e)) => Reply::Error(e),
-            Some(Status::Waiting) | None => {
+            Some(Status::Waiting) | Some(Status::TimedOut) | None => {
                 stats::bump(&stats::WAIT_TIMEOUTS, 1);
                 Reply::Null
             }
@@ -261,12 +411,20 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
             return crate::ffi::ERR;
         };
         let answered = with(|r| match r.records.get(&id).map(|rec| &rec.status) {
-            Some(Status::Granted(_)) | Some(Status::Failed(_)) => r.records.remove(&id),
-            _ => None,
+            Some(Status::Waiting) | None => None,
+            Some(_) => {
+                let rec = r.records.remove(&id)?;
+                r.deadlines.remove(&(rec.deadline, id));
+                Some(rec)
+            }
         });
         match answered.map(|rec| rec.status) {
             Some(Status::Granted(token)) => send(ctx, &Reply::Int(token as i64)),
             Some(Status::Failed(e)) => send(ctx, &Reply::Error(e)),
+            Some(Status::TimedOut) => {
+                stats::bump(&stats::WAIT_TIMEOUTS, 1);
+                send(ctx, &Reply::Null)
+            }
             _ => return crate::ffi::ERR,
         }
         OK

@@ -151,14 +151,14 @@ const FAMILIES: [Family; 3] = [
         lock: "fair (first-come, first-served) lock",
         has_mode: false,
         holders_cost: "O(1)",
-        info_cost: "O(W) where W is the number of queued waiters",
+        info_cost: "O(W) where W is the number of queued waiters listed (all, or at most COUNT)",
     },
     Family {
         prefix: "rwlock",
         lock: "read-write lock",
         has_mode: true,
-        holders_cost: "O(H) where H is the number of owners holding the lock",
-        info_cost: "O(H) where H is the number of owners holding the lock",
+        holders_cost: "O(log H) where H is the number of owners holding the lock",
+        info_cost: "O(H) where H is the number of owners holding the lock (counted; at most COUNT of them listed)",
     },
 ];
 
@@ -180,7 +180,7 @@ struct Command {
     args: &'static [Arg],
 }
 
-const LEASE_COST: &str = "{H}, plus O(log L) when a new lease deadline is scheduled, L being the number of leased lock keys";
+const LEASE_COST: &str = "{H}, plus O(log L) when a deadline is scheduled (keys with waiters or several holders), L being the number of scheduled lock keys";
 
 const COMMANDS: [Command; 5] = [
     Command {
@@ -228,11 +228,16 @@ const COMMANDS: [Command; 5] = [
         name: "info",
         summary: "Describes a {lock}: holders, holds, fencing tokens, time to live and waiters. Returns nil when nobody holds it.",
         complexity: None,
-        arity: 2,
+        arity: -2,
         mode: false,
         key_flags: KEY_RO | KEY_ACCESS,
         tips: Some("nondeterministic_output"),
-        args: &[],
+        args: &[optional(token(
+            "COUNT",
+            "count",
+            Type::Integer,
+            "list at most this many readers or queued owners (the counts stay exact)",
+        ))],
     },
 ];
 
@@ -269,6 +274,25 @@ const SETSTATE: Command = Command {
         },
     ],
 };
+
+/// `RLOCK.DELTA key delta`
+const DELTA: Command = Command {
+    name: "delta",
+    summary: "Applies the steps of one lock change to single holders (internal: sent by a master to its replicas and written to the AOF; refused from other clients).",
+    complexity: Some("O(S log N) where S is the number of steps and N the number of holders"),
+    arity: 3,
+    mode: false,
+    key_flags: KEY_RW | KEY_UPDATE,
+    tips: None,
+    args: &[arg(
+        "delta",
+        Type::String,
+        "the steps, in rlock's binary delta encoding",
+    )],
+};
+
+/// Commands only a master or the AOF may send.
+const INTERNAL: [&Command; 2] = [&SETSTATE, &DELTA];
 
 /// Plain data, filled out of the description, before it is laid out for C.
 struct Doc {
@@ -310,14 +334,17 @@ fn family_doc(family: &Family, command: &Command) -> Doc {
 /// The description of a command by its full name (lowercase), if it has one.
 fn doc_for(name: &str) -> Option<Doc> {
     let (prefix, rest) = name.split_once('.')?;
-    if prefix == "rlock" && rest == SETSTATE.name {
+    if let Some(c) = INTERNAL
+        .iter()
+        .find(|c| prefix == "rlock" && c.name == rest)
+    {
         return Some(Doc {
-            summary: SETSTATE.summary.to_string(),
-            complexity: SETSTATE.complexity.unwrap_or_default().to_string(),
-            arity: SETSTATE.arity,
-            key_flags: SETSTATE.key_flags,
-            tips: SETSTATE.tips,
-            args: [&[KEY][..], SETSTATE.args].concat(),
+            summary: c.summary.to_string(),
+            complexity: c.complexity.unwrap_or_default().to_string(),
+            arity: c.arity,
+            key_flags: c.key_flags,
+            tips: c.tips,
+            args: [&[KEY][..], c.args].concat(),
         });
     }
     let family = FAMILIES.iter().find(|f| f.prefix == prefix)?;
@@ -521,8 +548,9 @@ unsafe fn describe_inner(ctx: *mut Ctx, name: &CStr) -> bool {
 fn acl_categories(name: &str) -> &'static CStr {
     match name.rsplit('.').next() {
         Some("acquire") => c"write blocking slow",
-        Some("info") => c"read fast",
-        Some("setstate") => c"write slow dangerous",
+        // INFO lists every holder (and the FAIRLOCK queue): O(N), not fast.
+        Some("info") => c"read slow",
+        Some("setstate") | Some("delta") => c"write slow dangerous",
         _ => c"write fast",
     }
 }
@@ -549,12 +577,13 @@ mod tests {
     #[test]
     fn acl_categories_follow_what_commands_do() {
         assert_eq!(acl_categories("rlock.acquire"), c"write blocking slow");
-        assert_eq!(acl_categories("rwlock.info"), c"read fast");
+        assert_eq!(acl_categories("rwlock.info"), c"read slow");
+        assert_eq!(acl_categories("rlock.delta"), c"write slow dangerous");
         assert_eq!(acl_categories("fairlock.release"), c"write fast");
         assert_eq!(acl_categories("rlock.setstate"), c"write slow dangerous");
     }
 
-    const ALL: [&str; 16] = [
+    const ALL: [&str; 17] = [
         "rlock.acquire",
         "rlock.release",
         "rlock.renew",
@@ -571,6 +600,7 @@ mod tests {
         "rwlock.forcerelease",
         "rwlock.info",
         "rlock.setstate",
+        "rlock.delta",
     ];
 
     #[test]

@@ -1,22 +1,23 @@
 //! The one path every lock state change takes, whatever started it (a command,
-//! the lease timer, a departed waiter):
+//! the lease timer, a departed waiter, a replicated effect):
 //!
 //! open key -> expire overdue holds -> apply the action -> serve the queue ->
-//! write back (value, TTL = latest deadline) -> replicate the resulting state ->
+//! write back (value, TTL = latest deadline) -> replicate the delta ->
 //! notify -> watch the next deadline -> wake the served waiters.
 //!
-//! Replication sends effects, never the command: `RLOCK.SETSTATE` with absolute
-//! deadlines and explicit tokens, or `DEL` when the last hold ended. Replicas and
-//! AOF replay therefore reproduce the master's state exactly and decide nothing.
+//! Replication sends effects, never the command: `RLOCK.DELTA key <steps>`, the
+//! steps the state machine made to single holders, with absolute deadlines and
+//! explicit tokens (`lock::delta`). Replicas and AOF replay therefore reproduce
+//! the master's state exactly and decide nothing; an effect costs bytes in
+//! proportion to the change, not to the number of holders.
 
 use crate::blocking;
-use crate::commands::{NOTOWNER_ERR, UPGRADE_ERR, WRONGTYPE_ERR};
 use crate::ffi::{api, bytes, now_ms, select_db, selected_db, Ctx, Key, OwnedStr, RStr, Reply};
 use crate::lease::IfAbsent;
-use crate::lock::{Admission, EndReason, Kind, LockState, Mode, Served};
+use crate::lock::{err, Admission, Delta, EndReason, Kind, LockState, Mode, Op, Served};
 use crate::notify;
 use crate::stats;
-use crate::store::{lock_type, setstate_args, LockValue, SETSTATE};
+use crate::store::{lock_type, LockValue};
 use crate::token;
 
 pub enum Action<'a> {
@@ -36,26 +37,48 @@ pub enum Action<'a> {
         lease_ms: i64,
     },
     ForceRelease,
-    /// Replace the held state (replication and AOF replay).
+    /// Replace the held state (AOF rewrite output, and effects of older versions).
     SetState(LockState),
-    /// Lease timer: the schedule entry due at `due` fired.
-    Expire {
-        due: i64,
-    },
+    /// Apply a replicated delta (replication and AOF replay).
+    Replay(Kind, Vec<Op<'a>>),
+    /// Lease timer: the key's watched deadline came.
+    Expire,
     /// Serve the queue (a waiter left its head, or the key vanished under it).
     Serve,
 }
 
-#[derive(Default)]
+impl Action<'_> {
+    /// Effects from a master or the AOF: applied as they are, never decided here.
+    fn replicated(&self) -> bool {
+        matches!(self, Action::SetState(_) | Action::Replay(..))
+    }
+}
+
 struct Change {
     dirty: bool,
     acquired: bool,
     ended: Vec<EndReason>,
     served: Vec<Served>,
     park: Option<(u64, i64)>,
+    delta: Delta,
 }
 
 impl Change {
+    fn new(kind: Kind, record: bool) -> Change {
+        Change {
+            dirty: false,
+            acquired: false,
+            ended: Vec::new(),
+            served: Vec::new(),
+            park: None,
+            delta: if record {
+                Delta::recording(kind)
+            } else {
+                Delta::off()
+            },
+        }
+    }
+
     fn end(&mut self, reason: EndReason) {
         self.dirty = true;
         if !self.ended.contains(&reason) {
@@ -87,44 +110,36 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
     // the type's unlink hook (notify::on_unlink) then records that expiry.
     let key = Key::open(ctx, keyname, true);
     let existing = match key.module_value::<LockValue>(lock_type()) {
-        Err(()) => return Reply::err(WRONGTYPE_ERR),
+        Err(()) => return Reply::err(err::WRONGTYPE),
         Ok(v) => v,
     };
-    let kind = match (existing, kind) {
-        (Some(v), Some(k)) if unsafe { (*v).state.kind } != k => return Reply::err(WRONGTYPE_ERR),
-        (Some(v), _) => unsafe { (*v).state.kind },
+    let wanted = match &action {
+        Action::Replay(k, _) => Some(*k),
+        Action::SetState(s) => Some(s.kind()),
+        _ => kind,
+    };
+    let kind = match (existing, wanted) {
+        (Some(v), Some(k)) if unsafe { (*v).state.kind() } != k => {
+            return Reply::err(err::WRONGTYPE)
+        }
+        (Some(v), _) => unsafe { (*v).state.kind() },
         (None, Some(k)) => k,
-        (None, None) => match &action {
-            Action::SetState(s) => s.kind,
-            // Serving, or the lease timer found that Redis had just expired the
-            // key itself (its TTL is the latest deadline): hand it to the first
-            // waiter now rather than on the next turn of the event loop.
-            Action::Serve | Action::Expire { .. } => {
-                match blocking::with_queue(db, name, |q| q.kind()) {
-                    Some(k) => k,
-                    None => return Reply::Null,
-                }
-            }
-            _ => return Reply::Null,
+        // Serving, or the lease timer found that Redis had just expired the
+        // key itself (its TTL is the latest deadline): hand it to the first
+        // waiter now rather than on the next turn of the event loop.
+        (None, None) => match blocking::with_queue(db, name, |q| q.kind()) {
+            Some(k) => k,
+            None => return Reply::Null,
         },
     };
     let mut slot = match existing {
         Some(p) => Slot::Existing(p),
         None => Slot::Fresh(LockState::new(kind)),
     };
-    let mut change = Change::default();
-    if let (Action::Expire { due }, Some(p)) = (&action, existing) {
-        // The schedule entry that fired was this key's live one: forget it so
-        // the next deadline gets a new entry.
-        unsafe {
-            if (*p).armed == *due {
-                (*p).armed = 0;
-            }
-        }
-    }
-    let replicated = matches!(action, Action::SetState(_));
+    let replicated = action.replicated();
+    let mut change = Change::new(kind, !replicated && crate::role::propagates());
     if !replicated && crate::role::is_master() {
-        let expired = slot.state().expire(now);
+        let expired = slot.state().expire(now, &mut change.delta);
         if expired > 0 {
             stats::bump(&stats::LEASE_EXPIRATIONS, expired as u64);
             change.end(EndReason::Expired);
@@ -134,13 +149,26 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
     if serve_first && blocking::any_queued() {
         serve(db, name, slot.state(), now, &mut change);
     }
+    let timer = matches!(action, Action::Expire);
     let reply = apply(ctx, db, name, kind, slot.state(), action, now, &mut change);
     // Any change can make room (a hold ended, WRITE released under READ):
     // serving costs one admission check when the head still has to wait.
     if change.dirty && blocking::any_queued() {
         serve(db, name, slot.state(), now, &mut change);
     }
-    commit(ctx, &key, keyname, db, name, kind, slot, &change);
+    if let Reply::Error(_) = reply {
+        if replicated {
+            return reply;
+        }
+    }
+    let origin = if replicated {
+        Origin::Replicated
+    } else if timer {
+        Origin::Timer
+    } else {
+        Origin::Local
+    };
+    commit(ctx, &key, keyname, db, name, kind, slot, &change, origin);
     drop(key);
     if let Some((id, timeout)) = change.park {
         blocking::park(ctx, keyname, db, id, timeout);
@@ -150,8 +178,14 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
 }
 
 fn serve(db: i32, name: &[u8], state: &mut LockState, now: i64, change: &mut Change) {
-    let served = blocking::with_queue(db, name, |q| q.serve(state, now, &mut || token::issue(now)))
-        .unwrap_or_default();
+    let served = blocking::serve(
+        db,
+        name,
+        state,
+        now,
+        &mut || token::issue(now),
+        &mut change.delta,
+    );
     for s in &served {
         if let Served::Granted { .. } = s {
             stats::bump(&stats::GRANTS, 1);
@@ -180,9 +214,8 @@ fn apply(
             lease_ms,
             block,
         } => {
-            let admission = state.admit(owner, mode);
-            let granted = match admission {
-                Admission::Upgrade => return Reply::err(UPGRADE_ERR),
+            let granted = match state.admit(owner, mode) {
+                Admission::Upgrade => return Reply::err(err::UPGRADE),
                 Admission::Reentrant => true,
                 // A newcomer never overtakes a queued waiter.
                 Admission::Fresh => !blocking::any_queued() || blocking::queue_len(db, name) == 0,
@@ -190,11 +223,16 @@ fn apply(
             };
             if granted {
                 let deadline = now.saturating_add(lease_ms);
-                let token = state.grant(owner, mode, deadline, &mut || token::issue(now));
-                stats::bump(&stats::GRANTS, 1);
-                change.dirty = true;
-                change.acquired = true;
-                return Reply::Int(token as i64);
+                let issue = &mut || token::issue(now);
+                return match state.grant(owner, mode, deadline, issue, &mut change.delta) {
+                    Ok(token) => {
+                        stats::bump(&stats::GRANTS, 1);
+                        change.dirty = true;
+                        change.acquired = true;
+                        Reply::Int(token as i64)
+                    }
+                    Err(refused) => Reply::err(refused.0),
+                };
             }
             match block {
                 Some(timeout) if blocking::may_block(ctx) => {
@@ -205,7 +243,7 @@ fn apply(
                 _ => Reply::Null,
             }
         }
-        Action::Release { owner, mode } => match state.release(owner, mode) {
+        Action::Release { owner, mode } => match state.release(owner, mode, &mut change.delta) {
             Ok((remaining, ended)) => {
                 change.dirty = true;
                 if ended {
@@ -213,18 +251,20 @@ fn apply(
                 }
                 Reply::Int(remaining as i64)
             }
-            Err(_) => Reply::err(NOTOWNER_ERR),
+            Err(_) => Reply::err(err::NOTOWNER),
         },
-        Action::Renew { owner, lease_ms } => match state.renew(owner, now.saturating_add(lease_ms))
-        {
-            Ok(()) => {
-                change.dirty = true;
-                Reply::Int(1)
+        Action::Renew { owner, lease_ms } => {
+            let deadline = now.saturating_add(lease_ms);
+            match state.renew(owner, deadline, &mut change.delta) {
+                Ok(()) => {
+                    change.dirty = true;
+                    Reply::Int(1)
+                }
+                Err(_) => Reply::err(err::NOTOWNER),
             }
-            Err(_) => Reply::err(NOTOWNER_ERR),
-        },
+        }
         Action::ForceRelease => {
-            let ended = state.force();
+            let ended = state.force(&mut change.delta);
             if ended > 0 {
                 stats::bump(&stats::FORCED_RELEASES, ended as u64);
                 change.end(EndReason::Forced);
@@ -232,18 +272,40 @@ fn apply(
             Reply::Int((ended > 0) as i64)
         }
         Action::SetState(new_state) => {
-            new_state
-                .holders
-                .iter()
-                .for_each(|h| token::observe(h.token));
+            new_state.iter().for_each(|h| token::observe(h.token));
             *state = new_state;
             change.dirty = true;
             Reply::Simple("OK")
         }
-        Action::Expire { .. } | Action::Serve => Reply::Null,
+        Action::Replay(_, ops) => match state.replay(&ops, token::max_accepted(now)) {
+            Ok(()) => {
+                for op in &ops {
+                    if let Op::New { token: t, .. } = op {
+                        token::observe(*t);
+                    }
+                }
+                change.dirty = true;
+                Reply::Simple("OK")
+            }
+            Err(e) => Reply::err(e),
+        },
+        Action::Expire | Action::Serve => Reply::Null,
     }
 }
 
+/// What started a change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A client's command.
+    Local,
+    /// The lease timer (the key's TTL may not be its latest deadline yet, e.g.
+    /// after `RESTORE`: it is set even if nothing changed).
+    Timer,
+    /// A master's effect or the AOF: passed on as it came.
+    Replicated,
+}
+
+/// Writes the outcome back to the keyspace and tells everyone who must know.
 #[allow(clippy::too_many_arguments)]
 fn commit(
     ctx: *mut Ctx,
@@ -254,99 +316,69 @@ fn commit(
     kind: Kind,
     slot: Slot,
     change: &Change,
+    origin: Origin,
 ) {
-    let value: Option<*mut LockValue> = if !change.dirty {
-        match slot {
-            Slot::Existing(p) => Some(p),
-            Slot::Fresh(_) => None,
+    let value: Option<*mut LockValue> = match slot {
+        Slot::Existing(p) if change.dirty && unsafe { (*p).state.is_free() } => {
+            crate::lease::unwatch(db, name);
+            unsafe { api!(RedisModule_DeleteKey)(key.raw) };
+            None
         }
-    } else {
-        let value = match slot {
-            Slot::Existing(p) if unsafe { (*p).state.is_free() } => {
-                crate::lease::unwatch(db, name, unsafe { &mut *p });
-                unsafe { api!(RedisModule_DeleteKey)(key.raw) };
-                replicate_del(ctx, keyname);
-                None
-            }
-            Slot::Fresh(state) if state.is_free() => None,
-            Slot::Existing(p) => Some(p),
-            Slot::Fresh(state) => {
-                let p = Box::into_raw(Box::new(LockValue::new(state)));
-                unsafe { api!(RedisModule_ModuleTypeSetValue)(key.raw, lock_type(), p.cast()) };
-                Some(p)
-            }
-        };
-        if let Some(p) = value {
-            let state = unsafe { &(*p).state };
+        Slot::Existing(p) => Some(p),
+        Slot::Fresh(state) if state.is_free() => None,
+        Slot::Fresh(state) => {
+            let p = Box::into_raw(Box::new(LockValue::new(state)));
+            unsafe { api!(RedisModule_ModuleTypeSetValue)(key.raw, lock_type(), p.cast()) };
+            Some(p)
+        }
+    };
+    if let Some(p) = value {
+        let state = unsafe { &(*p).state };
+        if change.dirty || origin != Origin::Local {
             if let Some(latest) = state.latest_deadline() {
                 unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) };
             }
-            replicate_state(ctx, keyname, state);
         }
-        for reason in &change.ended {
-            notify::publish(ctx, db, name, *reason);
-            notify::keyspace(ctx, kind, notify::Event::End(*reason), keyname);
-        }
-        if change.acquired {
-            notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);
-        }
-        value
-    };
-    if let Some(p) = value {
-        crate::lease::watch(ctx, db, name, unsafe { &mut *p });
+        let waiting = blocking::any_queued() && blocking::queue_len(db, name) > 0;
+        crate::lease::watch(ctx, db, name, state, waiting);
+    }
+    if !change.delta.is_empty() {
+        replicate(ctx, keyname, change.delta.bytes());
+    } else if origin == Origin::Replicated && change.dirty && crate::role::propagates() {
+        // A replicated effect applied here goes on to this server's AOF (and
+        // its replicas) exactly as it came.
+        unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+    }
+    for reason in &change.ended {
+        notify::publish(ctx, db, name, *reason);
+        notify::keyspace(ctx, kind, notify::Event::End(*reason), keyname);
+    }
+    if change.acquired {
+        notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);
     }
 }
 
-fn replicate_state(ctx: *mut Ctx, keyname: *mut RStr, state: &LockState) {
-    if !crate::role::propagates() {
-        return;
-    }
-    if let [h] = state.holders.as_slice() {
-        // The common case (every reentrant and fair lock) without building strings.
-        unsafe {
-            api!(RedisModule_Replicate)(
-                ctx,
-                SETSTATE.as_ptr(),
-                c"sccbllll".as_ptr(),
-                keyname,
-                state.kind.c_name().as_ptr(),
-                c"1".as_ptr(),
-                h.owner.as_ptr(),
-                h.owner.len(),
-                h.reads as i64,
-                h.writes as i64,
-                h.token as i64,
-                h.deadline,
-            )
-        };
-        return;
-    }
-    let args = setstate_args(state);
-    let mut argv: Vec<*mut RStr> = args.iter().map(|s| s.ptr()).collect();
+/// The command that applies a delta on a replica or from the AOF.
+pub const DELTA: &std::ffi::CStr = c"RLOCK.DELTA";
+
+fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
     unsafe {
         api!(RedisModule_Replicate)(
             ctx,
-            SETSTATE.as_ptr(),
-            c"sv".as_ptr(),
+            DELTA.as_ptr(),
+            c"sb".as_ptr(),
             keyname,
-            argv.as_mut_ptr(),
-            argv.len(),
+            delta.as_ptr(),
+            delta.len(),
         )
     };
 }
 
-fn replicate_del(ctx: *mut Ctx, keyname: *mut RStr) {
-    if !crate::role::propagates() {
-        return;
-    }
-    unsafe { api!(RedisModule_Replicate)(ctx, c"DEL".as_ptr(), c"s".as_ptr(), keyname) };
-}
-
 /// Lease timer entry for (db, key) fired.
-pub fn expire_due(ctx: *mut Ctx, db: i32, key: &[u8], due: i64) {
+pub fn expire_due(ctx: *mut Ctx, db: i32, key: &[u8], _due: i64) {
     if select_db(ctx, db) {
         let keyname = OwnedStr::new(key);
-        execute(ctx, keyname.ptr(), None, Action::Expire { due });
+        execute(ctx, keyname.ptr(), None, Action::Expire);
     }
 }
 

@@ -5,8 +5,8 @@ use std::os::raw::c_void;
 
 use redis_module::raw::{self, RedisModuleEvent};
 
-use crate::ffi::{api, Ctx, OK};
-use crate::{blocking, lease, role};
+use crate::ffi::{api, now_ms, Ctx, OK};
+use crate::{blocking, lease, role, token};
 
 unsafe extern "C" fn on_role_change(
     ctx: *mut Ctx,
@@ -18,10 +18,12 @@ unsafe extern "C" fn on_role_change(
         role::refresh(ctx);
         role::listener_seen();
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
-            // Promotion: this server now expires leases and serves waiters.
-            lease::rebuild(ctx);
+            // Promotion: a new token epoch, above the deposed master's.
+            token::start_epoch(now_ms());
+            // This server now expires leases and serves waiters.
+            lease::resume(ctx);
         } else {
-            lease::clear(ctx);
+            lease::pause(ctx);
         }
     })
 }
@@ -34,9 +36,11 @@ unsafe extern "C" fn on_loading(
 ) {
     crate::ffi::contained("loading", (), || match subevent {
         raw::REDISMODULE_SUBEVENT_LOADING_ENDED | raw::REDISMODULE_SUBEVENT_LOADING_FAILED => {
+            // After a restart or a full sync: a new token epoch (see token.rs).
+            token::start_epoch(now_ms());
             role::set_loading(false);
             role::refresh(ctx);
-            lease::rebuild(ctx);
+            lease::resume(ctx);
         }
         _ => role::set_loading(true),
     })
@@ -85,12 +89,37 @@ unsafe extern "C" fn on_replica_change(
     _data: *mut c_void,
 ) {
     role::listener_seen();
+    role::replicas_changed();
+}
+
+/// serverCron ticked: keeps the min-replicas verdict fresh (when configured).
+unsafe extern "C" fn on_cron(
+    _ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    _sub: u64,
+    _data: *mut c_void,
+) {
+    crate::ffi::contained("cron", (), role::on_cron)
+}
+
+/// CONFIG SET: min-replicas-* may have changed.
+unsafe extern "C" fn on_config_change(
+    ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    _sub: u64,
+    _data: *mut c_void,
+) {
+    crate::ffi::contained("config change", (), || role::read_min_replicas(ctx))
 }
 
 pub fn subscribe(ctx: *mut Ctx) -> bool {
     crate::notify::init(ctx);
     role::refresh(ctx);
-    let events: [(u64, raw::RedisModuleEventCallback); 5] = [
+    role::read_min_replicas(ctx);
+    // The first token epoch starts at load (a restart with no dataset
+    // fires no loading event).
+    token::start_epoch(now_ms());
+    let events: [(u64, raw::RedisModuleEventCallback); 7] = [
         (
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             Some(on_role_change),
@@ -102,6 +131,8 @@ pub fn subscribe(ctx: *mut Ctx) -> bool {
             raw::REDISMODULE_EVENT_REPLICA_CHANGE,
             Some(on_replica_change),
         ),
+        (raw::REDISMODULE_EVENT_CONFIG, Some(on_config_change)),
+        (raw::REDISMODULE_EVENT_CRON_LOOP, Some(on_cron)),
     ];
     // No keyspace-event subscription: the type's unlink hook sees every removal
     // of a lock key, and other keys' events never call into the module.

@@ -24,6 +24,16 @@ pub fn now_ms() -> i64 {
     unsafe { api!(RedisModule_Milliseconds)() }
 }
 
+/// Current unix time in microseconds, on the clock Redis's timers use.
+pub fn micros() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000
+}
+
 /// # Safety
 /// `s` must be a live module string; the slice must not outlive it.
 pub unsafe fn bytes<'a>(s: *const RStr) -> &'a [u8] {
@@ -47,10 +57,6 @@ impl OwnedStr {
                 data.len(),
             )
         })
-    }
-
-    pub fn from_i64(v: i64) -> Self {
-        Self::new(v.to_string().as_bytes())
     }
 
     pub fn ptr(&self) -> *mut RStr {

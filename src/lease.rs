@@ -1,19 +1,26 @@
-//! Lease deadlines and the one module timer that enforces them.
+//! Lease deadlines the module must act on itself, and the one module timer
+//! that enforces them.
 //!
-//! An ordered set holds (due, db, key) for every key with holders, due being
-//! the first millisecond at which its earliest hold is expired. A single Redis
-//! timer is armed for the first entry, so an idle server with a million leased
-//! locks wakes only when a lease actually ends. The value remembers the due
-//! time of its entry (`LockValue::armed`): the entry is removed when the key
-//! goes away (`unwatch`), and a renewal that only pushes the deadline later
-//! keeps the old entry, which then fires early, finds nothing due, and moves.
+//! A lock key's TTL is its latest deadline, so Redis's own expiry (active cycle
+//! or on access) ends a lock whose holders all run out, and the type's unlink
+//! hook reports it. The module watches a deadline only where waiting for Redis
+//! is not enough:
+//! - a key with parked waiters: the first of them is handed the lock at the
+//!   first millisecond the lease allows (deadline + 1), not when Redis gets to it;
+//! - a key with several holders (readers): each one's lease is its own and
+//!   ends before the key's TTL;
+//! - a key restored by `RESTORE` (its TTL is whatever the caller gave).
 //!
-//! The same timer also runs deferred "serve" passes (a waiter left the head of
-//! a queue, a lock key was deleted or expired under its waiters), because those
-//! are discovered in callbacks where the keyspace must not be written.
+//! So a lock with one holder and nobody waiting costs the schedule nothing, and
+//! an idle server with a million leased locks has nothing scheduled at all.
+//! The schedule is kept on every role (replicas apply the same changes), so a
+//! promotion only arms the timer; the timer itself acts only on a master.
 //!
-//! Timers act only on a master: replicas wait for the master's effects. The
-//! schedule is rebuilt from the keyspace when loading ends and on promotion.
+//! The same timer runs deferred "serve" passes (a waiter left the head of a
+//! queue, a lock key was deleted or expired under its waiters) and reports the
+//! keys Redis expired, because those are found in callbacks where the keyspace
+//! must not be written. Each tick works for a bounded time, oldest first, then
+//! lets the event loop answer clients and continues on the next turn.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -22,57 +29,83 @@ use std::os::raw::c_void;
 use redis_module::raw;
 
 use crate::ffi::{api, now_ms, Ctx};
-use crate::lock::Kind;
-use crate::store::LockValue;
+use crate::lock::{Kind, LockState};
 
-/// Lock keys by the millisecond their earliest hold expires. Leases of one
-/// length arrive in due order, so buckets keep an insert to one integer search
-/// and a push (a set ordered by (due, key) compared key bytes every time).
 /// A key name with its database.
 type DbKey = (i32, Box<[u8]>);
 
+/// Watched keys by the millisecond their earliest hold is over, plus each
+/// key's entry, so an entry can be moved or removed exactly.
 #[derive(Default)]
 struct Deadlines {
     buckets: BTreeMap<i64, Vec<DbKey>>,
-    len: usize,
+    due_of: HashMap<DbKey, i64>,
 }
 
 impl Deadlines {
-    fn insert(&mut self, due: i64, db: i32, key: &[u8]) {
-        self.buckets.entry(due).or_default().push((db, key.into()));
-        self.len += 1;
+    /// Watches `key` at `due` unless it is already watched at or before then.
+    fn insert(&mut self, due: i64, db: i32, key: &[u8]) -> bool {
+        let id: DbKey = (db, key.into());
+        match self.due_of.get(&id) {
+            Some(&old) if old <= due => return false,
+            Some(&old) => self.drop_from_bucket(old, &id),
+            None => {}
+        }
+        self.buckets.entry(due).or_default().push(id.clone());
+        self.due_of.insert(id, due);
+        true
     }
 
-    fn remove(&mut self, due: i64, db: i32, key: &[u8]) -> bool {
-        let Some(bucket) = self.buckets.get_mut(&due) else {
+    fn remove(&mut self, db: i32, key: &[u8]) -> bool {
+        if self.due_of.is_empty() {
             return false;
-        };
-        let Some(i) = bucket.iter().position(|(d, k)| *d == db && **k == *key) else {
-            return false;
-        };
-        bucket.swap_remove(i);
-        if bucket.is_empty() {
-            self.buckets.remove(&due);
         }
-        self.len -= 1;
-        true
+        let id: DbKey = (db, key.into());
+        match self.due_of.remove(&id) {
+            Some(due) => {
+                self.drop_from_bucket(due, &id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn drop_from_bucket(&mut self, due: i64, id: &DbKey) {
+        if let Some(bucket) = self.buckets.get_mut(&due) {
+            if let Some(i) = bucket.iter().position(|k| k == id) {
+                bucket.swap_remove(i);
+            }
+            if bucket.is_empty() {
+                self.buckets.remove(&due);
+            }
+        }
     }
 
     fn first_due(&self) -> Option<i64> {
         self.buckets.keys().next().copied()
     }
 
-    /// Takes every entry due at or before `now`.
-    fn pop_due(&mut self, now: i64) -> Vec<(i64, i32, Box<[u8]>)> {
+    /// Takes up to `max` entries due at or before `now`, earliest first.
+    fn pop_due(&mut self, now: i64, max: usize) -> Vec<(i64, DbKey)> {
         let mut out = Vec::new();
-        while let Some(entry) = self.buckets.first_entry() {
-            if *entry.key() > now {
+        while out.len() < max {
+            let Some(mut entry) = self.buckets.first_entry() else {
+                break;
+            };
+            let due = *entry.key();
+            if due > now {
                 break;
             }
-            let (due, bucket) = entry.remove_entry();
-            out.extend(bucket.into_iter().map(|(db, key)| (due, db, key)));
+            let bucket = entry.get_mut();
+            let take = bucket.len().min(max - out.len());
+            for id in bucket.drain(..take) {
+                self.due_of.remove(&id);
+                out.push((due, id));
+            }
+            if bucket.is_empty() {
+                entry.remove();
+            }
         }
-        self.len -= out.len();
         out
     }
 
@@ -81,11 +114,11 @@ impl Deadlines {
             bucket.retain(|(db, _)| keep(*db));
         }
         self.buckets.retain(|_, b| !b.is_empty());
-        self.len = self.buckets.values().map(Vec::len).sum();
+        self.due_of.retain(|(db, _), _| keep(*db));
     }
 
     fn len(&self) -> usize {
-        self.len
+        self.due_of.len()
     }
 }
 
@@ -96,6 +129,8 @@ const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 struct Schedule {
     expiries: Deadlines,
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
+    /// Keys a `RESTORE` loaded a lock into, to watch once the command is over.
+    restored: Vec<DbKey>,
     /// Keys Redis expired, to report (stats, channel, keyspace event).
     expired: Vec<(i32, Vec<u8>, Kind)>,
     /// The armed Redis timer and the time it fires at.
@@ -114,38 +149,90 @@ fn active() -> bool {
     crate::role::is_master() && !crate::role::is_loading()
 }
 
-/// Makes sure the key's earliest deadline is watched. Cheap when it already is.
-pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], value: &mut LockValue) {
-    let Some(earliest) = value.state.earliest_deadline() else {
+/// Watches the key's earliest deadline when the module must act on it (it has
+/// waiters, or several holders). Cheap when nothing is needed or it already is.
+pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], state: &LockState, waiting: bool) {
+    if !(waiting || state.is_indexed()) {
+        return;
+    }
+    if let Some(earliest) = state.earliest_deadline() {
+        watch_at(ctx, db, key, earliest.saturating_add(1));
+    }
+}
+
+fn watch_at(ctx: *mut Ctx, db: i32, key: &[u8], due: i64) {
+    if with(|s| s.expiries.insert(due, db, key)) && active() {
+        arm(ctx);
+    }
+}
+
+/// A value was just loaded (RDB, full sync, `RESTORE`): watch it when it has
+/// several holders, when it came from `RESTORE` (whose TTL is the caller's), or
+/// when a lease in it already ended (the key's TTL in a file is not proof that
+/// the lock ends with it: a damaged or hand-made RDB, or a lock key whose TTL
+/// was changed, would otherwise keep a lock whose leases all ended in the
+/// keyspace until that TTL, or for ever).
+///
+/// # Safety
+/// `rdb` must be the IO context of the value being loaded.
+pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState) {
+    let restored = !crate::role::is_loading();
+    let ended = state.earliest_deadline().is_some_and(|d| d < now_ms());
+    if !(restored || ended || state.is_indexed()) {
+        return;
+    }
+    let (Some(name_of), Some(db_of), Some(earliest)) = (
+        raw::RedisModule_GetKeyNameFromIO,
+        raw::RedisModule_GetDbIdFromIO,
+        state.earliest_deadline(),
+    ) else {
         return;
     };
-    if !active() {
+    let name = name_of(rdb);
+    if name.is_null() {
         return;
     }
-    let due = earliest.saturating_add(1);
-    if value.armed != 0 && value.armed <= due {
+    let key = crate::ffi::bytes(name);
+    let ctx = crate::notify::module_context();
+    if restored && active() {
+        // Not yet: after this callback Redis may still drop the value (a bad
+        // EOF marker after it, an ABSTTL already past), which would leave an
+        // entry for a key that never held it, kept until its deadline (maybe
+        // never); and with REPLACE it unlinks the key's old value afterwards,
+        // whose hook would remove an entry made now, leaving a lock whose
+        // leases all ended in the keyspace. The timer looks at the key as the
+        // command left it (`watch_restored`), on the next turn of the event loop.
+        with(|s| s.restored.push((db_of(rdb), key.into())));
+        arm(ctx);
         return;
     }
-    let old = std::mem::replace(&mut value.armed, due);
-    with(|s| {
-        if old != 0 {
-            s.expiries.remove(old, db, key);
-        }
-        s.expiries.insert(due, db, key);
-    });
-    arm(ctx);
+    watch_at(ctx, db_of(rdb), key, earliest.saturating_add(1));
+}
+
+/// Watches a key a `RESTORE` loaded, if it holds a lock now.
+fn watch_restored(ctx: *mut Ctx, db: i32, key: &[u8]) {
+    if !crate::ffi::select_db(ctx, db) {
+        return;
+    }
+    let name = crate::ffi::OwnedStr::new(key);
+    let k = crate::ffi::Key::open(ctx, name.ptr(), false);
+    let earliest = match k.module_value::<crate::store::LockValue>(crate::store::lock_type()) {
+        Ok(Some(v)) => unsafe { &*v }.state.earliest_deadline(),
+        _ => None,
+    };
+    drop(k);
+    if let Some(earliest) = earliest {
+        watch_at(ctx, db, key, earliest.saturating_add(1));
+    }
 }
 
 /// Drops the key's entry: its value is leaving the keyspace (released, deleted,
 /// expired or renamed by Redis). Main thread only.
-pub fn unwatch(db: i32, key: &[u8], value: &mut LockValue) {
-    let armed = std::mem::take(&mut value.armed);
-    if armed != 0 {
-        with(|s| s.expiries.remove(armed, db, key));
-    }
+pub fn unwatch(db: i32, key: &[u8]) {
+    with(|s| s.expiries.remove(db, key));
 }
 
-/// Deadlines being watched (one per lock key with holders, on a master).
+/// Deadlines being watched.
 pub fn watched() -> usize {
     SCHEDULE.with(|s| s.try_borrow().map(|s| s.expiries.len()).unwrap_or(0))
 }
@@ -186,7 +273,7 @@ pub fn schedule_expiry_report(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
 }
 
 fn next_due(s: &Schedule) -> Option<i64> {
-    if !s.serves.is_empty() || !s.expired.is_empty() {
+    if !s.serves.is_empty() || !s.expired.is_empty() || !s.restored.is_empty() {
         return Some(0);
     }
     s.expiries.first_due()
@@ -194,6 +281,9 @@ fn next_due(s: &Schedule) -> Option<i64> {
 
 /// (Re)arms the Redis timer for the earliest pending work.
 fn arm(ctx: *mut Ctx) {
+    if !active() {
+        return;
+    }
     let stale = with(|s| {
         let due = next_due(s)?;
         match s.timer {
@@ -208,98 +298,130 @@ fn arm(ctx: *mut Ctx) {
         }
         // Redis turns the delay into microseconds on its own clock: a lease
         // decades long would overflow it and fire at once, forever. A capped
-        // timer that fires early finds nothing due and re-arms.
-        let delay = due.saturating_sub(now_ms()).clamp(0, MAX_TIMER_DELAY_MS);
+        // timer that fires early finds nothing due and re-arms. The delay is
+        // rounded up from microseconds, so the timer never fires before `due`
+        // and at most one millisecond after it.
+        let ahead_us = due
+            .saturating_mul(1000)
+            .saturating_sub(crate::ffi::micros());
+        let delay = ((ahead_us + 999) / 1000).clamp(0, MAX_TIMER_DELAY_MS);
         let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
         with(|s| s.timer = Some((id, due)));
     }
 }
 
+/// Work of one timer tick before the event loop gets a turn (Redis's own
+/// active expiry allows itself about 25 ms per 100 ms; a tick here is short and
+/// the next one follows at once).
+const TICK_BUDGET_US: i64 = 1_000;
+/// Entries taken from the schedule between two looks at the clock.
+const BATCH: usize = 64;
+
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("lease timer", (), || {
-        let now = now_ms();
-        let (expired, serves, expiries) = with(|s| {
-            s.timer = None;
-            let serves: Vec<_> = s.serves.drain().collect();
-            (
-                std::mem::take(&mut s.expired),
-                serves,
-                s.expiries.pop_due(now),
-            )
-        });
+        with(|s| s.timer = None);
         if active() {
-            for (db, key, kind) in expired {
-                crate::notify::report_expiry(ctx, db, &key, kind);
-            }
-            for ((db, key), if_absent) in serves {
-                crate::engine::serve_queue(ctx, db, &key, if_absent);
-            }
-            for (at, db, key) in expiries {
-                crate::engine::expire_due(ctx, db, &key, at);
-            }
+            run_slice(ctx);
+        } else {
+            with(|s| {
+                s.serves.clear();
+                s.expired.clear();
+                s.restored.clear();
+            });
         }
         arm(ctx);
     })
 }
 
-/// Forgets every deadline and stops the timer (this server became a replica).
-pub fn clear(ctx: *mut Ctx) {
-    let old = with(std::mem::take);
-    if let Some((id, _)) = old.timer {
+/// Oldest work first: reports of keys Redis expired, deferred serves, then due
+/// leases; stops once the budget is spent and leaves the rest for the next tick.
+fn run_slice(ctx: *mut Ctx) {
+    let start = crate::ffi::micros();
+    let spent = || crate::ffi::micros() - start >= TICK_BUDGET_US;
+    loop {
+        let restored: Vec<_> = with(|s| {
+            let n = s.restored.len().min(BATCH);
+            s.restored.drain(..n).collect()
+        });
+        if restored.is_empty() {
+            break;
+        }
+        for (db, key) in restored {
+            watch_restored(ctx, db, &key);
+        }
+        if spent() {
+            return;
+        }
+    }
+    loop {
+        let reports: Vec<_> = with(|s| {
+            let n = s.expired.len().min(BATCH);
+            s.expired.drain(..n).collect()
+        });
+        if reports.is_empty() {
+            break;
+        }
+        for (db, key, kind) in reports {
+            crate::notify::report_expiry(ctx, db, &key, kind);
+        }
+        if spent() {
+            return;
+        }
+    }
+    loop {
+        let serves: Vec<_> = with(|s| {
+            let keys: Vec<_> = s.serves.keys().take(BATCH).cloned().collect();
+            keys.into_iter()
+                .map(|k| {
+                    let why = s.serves.remove(&k).expect("listed");
+                    (k, why)
+                })
+                .collect()
+        });
+        if serves.is_empty() {
+            break;
+        }
+        for ((db, key), if_absent) in serves {
+            crate::engine::serve_queue(ctx, db, &key, if_absent);
+        }
+        if spent() {
+            return;
+        }
+    }
+    let now = now_ms();
+    loop {
+        let due = with(|s| s.expiries.pop_due(now, BATCH));
+        if due.is_empty() {
+            break;
+        }
+        for (at, (db, key)) in due {
+            crate::engine::expire_due(ctx, db, &key, at);
+        }
+        if spent() {
+            return;
+        }
+    }
+}
+
+/// This server became a replica: the timer stops; the schedule is kept, since
+/// the replica applies its master's changes and may be promoted.
+pub fn pause(ctx: *mut Ctx) {
+    let old = with(|s| {
+        s.serves.clear();
+        s.expired.clear();
+        s.restored.clear();
+        s.timer.take()
+    });
+    if let Some((id, _)) = old {
         unsafe { api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut()) };
     }
 }
 
-/// Rebuilds the schedule from every lock key in every database (after loading,
-/// on promotion). Holds that ran out meanwhile are expired on the next timer tick.
-pub fn rebuild(ctx: *mut Ctx) {
-    clear(ctx);
-    if !active() {
-        return;
-    }
-    let original_db = crate::ffi::selected_db(ctx);
-    let mut db = 0;
-    while crate::ffi::select_db(ctx, db) {
-        let mut found: Vec<(Vec<u8>, i64)> = Vec::new();
-        unsafe {
-            let cursor = api!(RedisModule_ScanCursorCreate)();
-            while api!(RedisModule_Scan)(
-                ctx,
-                cursor,
-                Some(collect_lock),
-                (&mut found as *mut Vec<_>).cast(),
-            ) != 0
-            {}
-            api!(RedisModule_ScanCursorDestroy)(cursor);
-        }
-        with(|s| {
-            found
-                .into_iter()
-                .for_each(|(key, due)| s.expiries.insert(due, db, &key))
-        });
-        db += 1;
-    }
-    crate::ffi::select_db(ctx, original_db);
-    arm(ctx);
-}
-
-unsafe extern "C" fn collect_lock(
-    _ctx: *mut Ctx,
-    keyname: *mut raw::RedisModuleString,
-    key: *mut raw::RedisModuleKey,
-    privdata: *mut c_void,
-) {
-    if key.is_null()
-        || api!(RedisModule_KeyType)(key) != raw::REDISMODULE_KEYTYPE_MODULE as i32
-        || api!(RedisModule_ModuleTypeGetType)(key) != crate::store::lock_type()
-    {
-        return;
-    }
-    let value = &mut *(api!(RedisModule_ModuleTypeGetValue)(key) as *mut LockValue);
-    if let Some(earliest) = value.state.earliest_deadline() {
-        value.armed = earliest.saturating_add(1);
-        let found = &mut *(privdata as *mut Vec<(Vec<u8>, i64)>);
-        found.push((crate::ffi::bytes(keyname).to_vec(), value.armed));
+/// Loading ended or this server was promoted: act on the schedule from now on
+/// (holds that ran out meanwhile are ended on the next tick).
+pub fn resume(ctx: *mut Ctx) {
+    if active() {
+        arm(ctx);
     }
 }
 
@@ -307,28 +429,53 @@ unsafe extern "C" fn collect_lock(
 mod tests {
     use super::Deadlines;
 
+    fn popped(d: &mut Deadlines, now: i64, max: usize) -> Vec<(i64, i32, Vec<u8>)> {
+        d.pop_due(now, max)
+            .into_iter()
+            .map(|(due, (db, k))| (due, db, k.to_vec()))
+            .collect()
+    }
+
     #[test]
-    fn deadlines_pop_in_order_and_remove_exactly() {
+    fn deadlines_pop_in_order_move_and_remove_exactly() {
         let mut d = Deadlines::default();
-        d.insert(20, 0, b"b");
-        d.insert(10, 0, b"a");
-        d.insert(10, 1, b"a");
-        d.insert(30, 0, b"c");
+        assert!(d.insert(20, 0, b"b"));
+        assert!(d.insert(10, 0, b"a"));
+        assert!(d.insert(10, 1, b"a"));
+        assert!(d.insert(30, 0, b"c"));
+        assert!(
+            !d.insert(40, 0, b"c"),
+            "a later due keeps the earlier entry"
+        );
+        assert!(d.insert(25, 0, b"c"), "an earlier due moves it");
         assert_eq!(d.len(), 4);
         assert_eq!(d.first_due(), Some(10));
-        assert!(d.remove(10, 1, b"a"));
-        assert!(!d.remove(10, 1, b"a"), "already gone");
-        assert!(!d.remove(20, 0, b"a"), "wrong key");
-        let popped: Vec<_> = d
-            .pop_due(20)
-            .into_iter()
-            .map(|(due, db, k)| (due, db, k.to_vec()))
-            .collect();
-        assert_eq!(popped, vec![(10, 0, b"a".to_vec()), (20, 0, b"b".to_vec())]);
-        assert_eq!(d.first_due(), Some(30));
+        assert!(d.remove(1, b"a"));
+        assert!(!d.remove(1, b"a"), "already gone");
+        assert!(!d.remove(0, b"zz"), "never there");
+        assert_eq!(
+            popped(&mut d, 20, 10),
+            vec![(10, 0, b"a".to_vec()), (20, 0, b"b".to_vec())]
+        );
+        assert_eq!(d.first_due(), Some(25));
         d.insert(40, 2, b"x");
         d.retain_dbs(|db| db != 0);
         assert_eq!(d.len(), 1);
         assert_eq!(d.first_due(), Some(40));
+    }
+
+    #[test]
+    fn popping_is_bounded_and_resumes_where_it_stopped() {
+        let mut d = Deadlines::default();
+        for i in 0..10u8 {
+            d.insert(5, 0, &[i]);
+        }
+        d.insert(6, 0, b"late");
+        assert_eq!(popped(&mut d, 100, 4).len(), 4);
+        assert_eq!(popped(&mut d, 100, 4).len(), 4);
+        let rest = popped(&mut d, 100, 4);
+        assert_eq!(rest.len(), 3);
+        assert_eq!(rest[2].2, b"late".to_vec());
+        assert_eq!(d.len(), 0);
     }
 }

@@ -86,6 +86,10 @@ unsafe extern "C" fn setstate_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc:
     commands::run(ctx, argv, argc, commands::setstate)
 }
 
+unsafe extern "C" fn delta_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int) -> c_int {
+    commands::run(ctx, argv, argc, commands::delta)
+}
+
 /// Every command takes its one key at position 1.
 fn register_commands(ctx: *mut Ctx) -> bool {
     let families = [
@@ -93,11 +97,14 @@ fn register_commands(ctx: *mut Ctx) -> bool {
         family!("fairlock", Kind::Fair),
         family!("rwlock", Kind::ReadWrite),
     ];
-    let internal = [(
-        "rlock.setstate",
-        setstate_handler as Handler,
-        "write deny-oom",
-    )];
+    let internal = [
+        (
+            "rlock.setstate",
+            setstate_handler as Handler,
+            "write deny-oom",
+        ),
+        ("rlock.delta", delta_handler as Handler, "write deny-oom"),
+    ];
     families
         .iter()
         .flatten()
@@ -124,6 +131,13 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning(&format!("rlock: {e}"));
         return Status::Err;
     }
+    // Loaders check every read (RESTORE and RDB payloads are untrusted input).
+    unsafe {
+        api!(RedisModule_SetModuleOptions)(
+            ctx.ctx,
+            redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS as c_int,
+        )
+    };
     // Replaces the crate's default INFO callback with the `rlock` section.
     let info = unsafe { api!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(stats::info)) } == ffi::OK;
     if info && register_commands(ctx.ctx) && events::subscribe(ctx.ctx) {

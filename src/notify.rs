@@ -80,7 +80,7 @@ pub fn init(ctx: *mut Ctx) {
     MODULE_CONTEXT.store(detached, Ordering::Relaxed);
 }
 
-fn module_context() -> *mut Ctx {
+pub fn module_context() -> *mut Ctx {
     MODULE_CONTEXT.load(Ordering::Relaxed)
 }
 
@@ -95,23 +95,21 @@ fn module_context() -> *mut Ctx {
 /// to retry (or get WRONGTYPE if something else now lives at the key).
 pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     crate::ffi::contained("unlink hook", (), || {
-        // Redis hands the value as const, but it is ours until `free`, and the
-        // lease entry of a key that leaves the keyspace must go with it.
-        let v = &mut *(value as *mut crate::store::LockValue);
+        let v = &*(value as *const crate::store::LockValue);
         let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx));
         let db = api!(RedisModule_GetDbIdFromOptCtx)(octx);
-        crate::lease::unwatch(db, key, v);
+        crate::lease::unwatch(db, key);
         // The engine deletes a lock once its last hold is gone and reports that
         // itself; a replica reports nothing (the master does).
-        if v.state.holders.is_empty() || !crate::role::is_master() {
+        if v.state.is_free() || !crate::role::is_master() {
             return;
         }
         let ctx = module_context();
         let expired = v.state.latest_deadline().is_some_and(|d| d < now_ms());
         if expired {
             // Counted now; published on the next tick, outside Redis's delete path.
-            stats::bump(&stats::LEASE_EXPIRATIONS, v.state.holders.len() as u64);
-            crate::lease::schedule_expiry_report(ctx, db, key, v.state.kind);
+            stats::bump(&stats::LEASE_EXPIRATIONS, v.state.holder_count() as u64);
+            crate::lease::schedule_expiry_report(ctx, db, key, v.state.kind());
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
             let if_absent = if expired {

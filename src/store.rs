@@ -2,7 +2,8 @@
 //! in the value). RDB save/load, AOF rewrite, digest, memory usage, free.
 //!
 //! Only held state is stored. Waiters are live connections and belong to
-//! `blocking`; the armed lease deadline is a cache of `lease` and is rebuilt.
+//! `blocking`. Every loader (RDB, RESTORE, RLOCK.SETSTATE) builds the state
+//! through `LockState::from_holders`, the one validation.
 
 use std::os::raw::{c_int, c_void};
 use std::ptr;
@@ -11,23 +12,23 @@ use std::sync::atomic::Ordering;
 use redis_module::native_types::RedisType;
 use redis_module::raw;
 
-use crate::ffi::{api, OwnedStr};
-use crate::lock::{Holder, Kind, LockState};
+use crate::ffi::{api, now_ms};
+use crate::lock::{encoding, Delta, Holder, Kind, LockState, Owner};
 use crate::stats;
 
-/// RDB encoding version of a lock value.
-pub const ENCODING_VERSION: c_int = 1;
+/// RDB encoding version of a lock value: 2 is one compact string per lock
+/// (`lock::encoding`); 1, a framed item per field, still loads.
+pub const ENCODING_VERSION: c_int = 2;
+const FIELDS_VERSION: c_int = 1;
 
 pub struct LockValue {
     pub state: LockState,
-    /// Due time of this key's live entry in the lease schedule (0: none).
-    pub armed: i64,
 }
 
 impl LockValue {
     pub fn new(state: LockState) -> Self {
         stats::LOCKS.fetch_add(1, Ordering::Relaxed);
-        LockValue { state, armed: 0 }
+        LockValue { state }
     }
 }
 
@@ -67,27 +68,9 @@ pub fn lock_type() -> *mut raw::RedisModuleType {
     *LOCK_TYPE.raw_type.borrow()
 }
 
-/// The command that rebuilds a key's held state on a replica or from the AOF.
-pub const SETSTATE: &std::ffi::CStr = c"RLOCK.SETSTATE";
-
-/// Arguments of `RLOCK.SETSTATE key kind n [owner reads writes token deadline]...`
-/// after the key.
-pub fn setstate_args(state: &LockState) -> Vec<OwnedStr> {
-    let mut out = Vec::with_capacity(2 + 5 * state.holders.len());
-    out.push(OwnedStr::new(state.kind.name().as_bytes()));
-    out.push(OwnedStr::from_i64(state.holders.len() as i64));
-    for h in &state.holders {
-        out.push(OwnedStr::new(&h.owner));
-        out.push(OwnedStr::from_i64(h.reads as i64));
-        out.push(OwnedStr::from_i64(h.writes as i64));
-        out.push(OwnedStr::new(h.token.to_string().as_bytes()));
-        out.push(OwnedStr::from_i64(h.deadline));
-    }
-    out
-}
-
-/// Parses what `setstate_args` wrote (after the key). Strict: anything else is an error.
-pub fn parse_setstate(args: &[&[u8]]) -> Result<LockState, &'static str> {
+/// Parses `RLOCK.SETSTATE key kind n [owner reads writes token deadline]...`
+/// after the key (AOF files of earlier versions). Strict: anything else is an error.
+pub fn parse_setstate(args: &[&[u8]], max_token: u64) -> Result<LockState, &'static str> {
     fn num<T: std::str::FromStr>(b: &[u8]) -> Result<T, &'static str> {
         std::str::from_utf8(b)
             .ok()
@@ -103,109 +86,153 @@ pub fn parse_setstate(args: &[&[u8]]) -> Result<LockState, &'static str> {
     if rest.len() != count.saturating_mul(5) {
         return Err("ERR wrong number of arguments for 'rlock.setstate' command");
     }
-    let mut state = LockState::new(kind);
-    for h in rest.chunks(5) {
-        let holder = Holder {
-            owner: h[0].to_vec(),
-            reads: num(h[1])?,
-            writes: num(h[2])?,
-            token: num(h[3])?,
-            deadline: num(h[4])?,
-        };
-        if holder.owner.is_empty() || holder.reads + holder.writes == 0 {
-            return Err("ERR invalid holder in RLOCK.SETSTATE");
-        }
-        if kind != Kind::ReadWrite && (holder.reads != 0 || count > 1) {
-            return Err("ERR invalid holder in RLOCK.SETSTATE");
-        }
-        state.holders.push(holder);
-    }
-    Ok(state)
+    let holders = rest
+        .chunks(5)
+        .map(|h| {
+            Ok(Holder {
+                owner: h[0].into(),
+                reads: num(h[1])?,
+                writes: num(h[2])?,
+                token: num(h[3])?,
+                deadline: num(h[4])?,
+            })
+        })
+        .collect::<Result<Vec<_>, &'static str>>()?;
+    LockState::from_holders(kind, holders, max_token)
+        .map_err(|_| "ERR invalid holder in RLOCK.SETSTATE")
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     let v = &*(value as *const LockValue);
-    api!(RedisModule_SaveUnsigned)(rdb, v.state.kind.code());
-    api!(RedisModule_SaveUnsigned)(rdb, v.state.holders.len() as u64);
-    for h in &v.state.holders {
-        api!(RedisModule_SaveStringBuffer)(rdb, h.owner.as_ptr().cast(), h.owner.len());
-        api!(RedisModule_SaveUnsigned)(rdb, h.reads);
-        api!(RedisModule_SaveUnsigned)(rdb, h.writes);
-        api!(RedisModule_SaveUnsigned)(rdb, h.token);
-        api!(RedisModule_SaveSigned)(rdb, h.deadline);
-    }
+    let s = &v.state;
+    let bytes = encoding::encode(s.kind(), s.holder_count(), s.iter());
+    api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len());
 }
 
+/// Loads a value from an RDB file, a full sync or `RESTORE`. Anything that is
+/// not a state the commands could have made is refused: Redis then answers
+/// `RESTORE` with "Bad data format" and refuses an RDB file, with this log line.
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    if encver != ENCODING_VERSION {
-        crate::ffi::log_warning(&format!(
-            "rlock: cannot load lock encoding version {encver}"
-        ));
-        return ptr::null_mut();
-    }
-    let Some(kind) = Kind::from_code(api!(RedisModule_LoadUnsigned)(rdb)) else {
-        return ptr::null_mut();
+    crate::ffi::contained("rdb load", ptr::null_mut(), || {
+        let state = match load_state(rdb, encver) {
+            Ok(state) => state,
+            Err(why) => {
+                crate::ffi::log_warning(&format!("rlock: refused a lock value: {why}"));
+                return ptr::null_mut();
+            }
+        };
+        state.iter().for_each(|h| crate::token::observe(h.token));
+        crate::lease::loaded(rdb, &state);
+        Box::into_raw(Box::new(LockValue::new(state))).cast()
+    })
+}
+
+unsafe fn load_state(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Result<LockState, String> {
+    let (kind, holders) = match encver {
+        ENCODING_VERSION => load_compact(rdb)?,
+        FIELDS_VERSION => load_fields(rdb)?,
+        _ => return Err(format!("unknown encoding version {encver}")),
     };
+    LockState::from_holders(kind, holders, crate::token::max_accepted(now_ms()))
+        .map_err(|e| e.trim_start_matches("ERR ").to_string())
+}
+
+unsafe fn load_compact(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder>), String> {
+    let mut len = 0usize;
+    let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
+    if buf.is_null() || api!(RedisModule_IsIOError)(rdb) != 0 {
+        return Err("short read".into());
+    }
+    let decoded = encoding::decode(std::slice::from_raw_parts(buf.cast::<u8>(), len));
+    api!(RedisModule_Free)(buf.cast());
+    decoded.ok_or_else(|| "malformed lock encoding".to_string())
+}
+
+unsafe fn load_fields(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder>), String> {
+    let failed = || api!(RedisModule_IsIOError)(rdb) != 0;
+    let code = api!(RedisModule_LoadUnsigned)(rdb);
     let count = api!(RedisModule_LoadUnsigned)(rdb);
-    let mut state = LockState::new(kind);
-    state.holders.reserve_exact(count.min(1 << 20) as usize);
+    if failed() {
+        return Err("short read".into());
+    }
+    let kind = Kind::from_code(code).ok_or(format!("unknown lock kind {code}"))?;
+    let mut holders = Vec::new();
     for _ in 0..count {
         let mut len = 0usize;
         let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
         if buf.is_null() {
-            return ptr::null_mut();
+            return Err("short read".into());
         }
-        let owner = std::slice::from_raw_parts(buf.cast::<u8>(), len).to_vec();
+        let owner = Owner::new(std::slice::from_raw_parts(buf.cast::<u8>(), len));
         api!(RedisModule_Free)(buf.cast());
-        let holder = Holder {
+        let (reads, writes) = (
+            api!(RedisModule_LoadUnsigned)(rdb),
+            api!(RedisModule_LoadUnsigned)(rdb),
+        );
+        let (token, deadline) = (
+            api!(RedisModule_LoadUnsigned)(rdb),
+            api!(RedisModule_LoadSigned)(rdb),
+        );
+        if failed() {
+            return Err("short read".into());
+        }
+        let count = |n: u64| u32::try_from(n).map_err(|_| "hold count out of range".to_string());
+        holders.push(Holder {
             owner,
-            reads: api!(RedisModule_LoadUnsigned)(rdb),
-            writes: api!(RedisModule_LoadUnsigned)(rdb),
-            token: api!(RedisModule_LoadUnsigned)(rdb),
-            deadline: api!(RedisModule_LoadSigned)(rdb),
-        };
-        crate::token::observe(holder.token);
-        state.holders.push(holder);
+            reads: count(reads)?,
+            writes: count(writes)?,
+            token,
+            deadline,
+        });
     }
-    Box::into_raw(Box::new(LockValue::new(state))).cast()
+    Ok((kind, holders))
 }
 
+/// AOF rewrite writes each lock as one `RLOCK.DELTA key <S steps>`: every
+/// holder as it stands, in the compact form replication uses (the rewritten
+/// file is loaded into an empty keyspace, where the steps rebuild the lock).
 unsafe extern "C" fn aof_rewrite(
     aof: *mut raw::RedisModuleIO,
     key: *mut raw::RedisModuleString,
     value: *mut c_void,
 ) {
     let v = &*(value as *const LockValue);
-    let args = setstate_args(&v.state);
-    let mut argv: Vec<*mut raw::RedisModuleString> = args.iter().map(|s| s.ptr()).collect();
+    let mut delta = Delta::recording(v.state.kind());
+    v.state.iter().for_each(|h| delta.whole(h));
+    let bytes = delta.bytes();
     // The key must go through "s": Redis passes a stack-allocated key object
     // here, which "s" copies and "v" would try to retain (a server panic).
     api!(RedisModule_EmitAOF)(
         aof,
-        SETSTATE.as_ptr(),
-        c"sv".as_ptr(),
+        crate::engine::DELTA.as_ptr(),
+        c"sb".as_ptr(),
         key,
-        argv.as_mut_ptr(),
-        argv.len(),
+        bytes.as_ptr(),
+        bytes.len(),
     );
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     let v = &*(value as *const LockValue);
+    let holder = std::mem::size_of::<Holder>();
+    let owners: usize = v.state.iter().map(|h| h.owner.len()).sum();
+    // Indexed: each holder sits in three maps (by token, owner and deadline).
+    let per_holder = if v.state.is_indexed() {
+        holder + 2 * 48
+    } else {
+        0
+    };
     std::mem::size_of::<LockValue>()
-        + v.state.holders.capacity() * std::mem::size_of::<Holder>()
-        + v.state
-            .holders
-            .iter()
-            .map(|h| h.owner.capacity())
-            .sum::<usize>()
+        + owners * (1 + v.state.is_indexed() as usize)
+        + per_holder * v.state.holder_count()
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     let v = &*(value as *const LockValue);
-    api!(RedisModule_DigestAddLongLong)(md, v.state.kind.code() as i64);
+    api!(RedisModule_DigestAddLongLong)(md, v.state.kind().code() as i64);
     api!(RedisModule_DigestEndSequence)(md);
-    for h in &v.state.holders {
+    // Each holder is its own sequence, and Redis mixes sequences order-free.
+    for h in v.state.iter() {
         api!(RedisModule_DigestAddStringBuffer)(md, h.owner.as_ptr().cast(), h.owner.len());
         for n in [h.reads as i64, h.writes as i64, h.token as i64, h.deadline] {
             api!(RedisModule_DigestAddLongLong)(md, n);
@@ -227,10 +254,20 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
 }
 
 unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
-    if encver != ENCODING_VERSION || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+    let known = encver == ENCODING_VERSION || encver == FIELDS_VERSION;
+    if !known || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
         return crate::ffi::ERR;
     }
-    crate::token::observe(api!(RedisModule_LoadUnsigned)(rdb));
+    let last = api!(RedisModule_LoadUnsigned)(rdb);
+    if api!(RedisModule_IsIOError)(rdb) != 0 {
+        return crate::ffi::ERR;
+    }
+    // A high-water mark out of range would poison every later token: ignored.
+    if last <= crate::token::max_accepted(now_ms()) {
+        crate::token::observe(last);
+    } else {
+        crate::ffi::log_warning("rlock: ignored an out-of-range token high-water mark in the RDB");
+    }
     crate::ffi::OK
 }
 
@@ -241,21 +278,24 @@ mod tests {
     #[test]
     fn setstate_parse_rejects_malformed_input() {
         let ok: Vec<&[u8]> = vec![
-            b"rwlock", b"2", b"a", b"1", b"0", b"7", b"100", b"b", b"2", b"1", b"8", b"200",
+            b"rwlock", b"2", b"a", b"1", b"0", b"7", b"100", b"b", b"2", b"0", b"8", b"200",
         ];
-        let s = parse_setstate(&ok).unwrap();
-        assert_eq!(s.holders.len(), 2);
-        assert_eq!(s.holders[1].writes, 1);
+        let s = parse_setstate(&ok, 100).unwrap();
+        assert_eq!(s.holder_count(), 2);
+        assert_eq!(s.holder(b"b").unwrap().reads, 2);
         for bad in [
             vec![&b"rlock"[..]],
             vec![&b"nolock"[..], b"0"],
+            vec![&b"rlock"[..], b"0"],
             vec![&b"rlock"[..], b"1", b"a", b"0", b"1", b"7"],
             vec![&b"rlock"[..], b"1", b"a", b"0", b"0", b"7", b"100"],
             vec![&b"rlock"[..], b"1", b"", b"0", b"1", b"7", b"100"],
             vec![&b"rlock"[..], b"1", b"a", b"1", b"1", b"7", b"100"],
             vec![&b"rlock"[..], b"1", b"a", b"0", b"1", b"x", b"100"],
+            vec![&b"rlock"[..], b"1", b"a", b"0", b"1", b"101", b"100"],
+            vec![&b"rlock"[..], b"1", b"a", b"0", b"4294967296", b"7", b"100"],
         ] {
-            assert!(parse_setstate(&bad).is_err(), "{bad:?}");
+            assert!(parse_setstate(&bad, 100).is_err(), "{bad:?}");
         }
     }
 }

@@ -620,7 +620,11 @@ fn argument_errors_and_wrong_types() {
     arity(&mut c, &["FAIRLOCK.FORCERELEASE"]);
     arity(&mut c, &["FAIRLOCK.FORCERELEASE", "k", "extra"]);
     arity(&mut c, &["FAIRLOCK.INFO"]);
-    arity(&mut c, &["FAIRLOCK.INFO", "k", "extra"]);
+    arity(&mut c, &["FAIRLOCK.INFO", "k", "COUNT", "1", "extra"]);
+    assert_eq!(
+        error(&mut c, &["FAIRLOCK.INFO", "k", "extra"]),
+        "ERR syntax error"
+    );
 
     for args in [
         &["FAIRLOCK.ACQUIRE", "k", "o", "PX"][..],

@@ -171,3 +171,61 @@ fn lock_churn_through_every_path_leaves_nothing_behind() {
     assert_eq!(stat(&mut c, "waiters"), 0);
     wait_back_to(&mut c, baseline, 100_000);
 }
+
+#[test]
+fn a_hundred_thousand_readers_leave_nothing_behind() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(
+        &mut c,
+        &["RWLOCK.ACQUIRE", "rw", "READ", "first", "PX", "600000"],
+    );
+    // Redis allocates a latency histogram per command at its first call: make
+    // those calls before the baseline.
+    int(
+        &mut c,
+        &["RWLOCK.ACQUIRE", "rw", "READ", "warm", "PX", "1000"],
+    );
+    info_map(&mut c, &["RWLOCK.INFO", "rw"]).unwrap();
+    int(&mut c, &["RWLOCK.RELEASE", "rw", "READ", "warm"]);
+    let baseline = settled_memory(&mut c);
+    for round in 0..2 {
+        // Bulk traffic on its own connection, so its buffers go with it.
+        let mut bulk = s.client();
+        for chunk in (0..100_000).collect::<Vec<_>>().chunks(1000) {
+            let mut p = redis::pipe();
+            for i in chunk {
+                p.cmd("RWLOCK.ACQUIRE")
+                    .arg("rw")
+                    .arg("READ")
+                    .arg(format!("reader-{round}-{i}"))
+                    .arg("PX")
+                    .arg(600_000);
+            }
+            let _: Vec<i64> = p.query(&mut bulk).unwrap();
+        }
+        let info = info_map(&mut bulk, &["RWLOCK.INFO", "rw"]).unwrap();
+        match field(&info, "readers") {
+            Value::Array(a) => assert_eq!(a.len(), 100_001),
+            other => panic!("{other:?}"),
+        }
+        assert!(used_memory(&mut c) > baseline + 10_000_000);
+        for chunk in (0..100_000).collect::<Vec<_>>().chunks(1000) {
+            let mut p = redis::pipe();
+            for i in chunk {
+                p.cmd("RWLOCK.RELEASE")
+                    .arg("rw")
+                    .arg("READ")
+                    .arg(format!("reader-{round}-{i}"));
+            }
+            let _: Vec<i64> = p.query(&mut bulk).unwrap();
+        }
+        drop(bulk);
+        wait_back_to(&mut c, baseline, 64 * 1024);
+    }
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw"]).unwrap();
+    match field(&info, "readers") {
+        Value::Array(a) => assert_eq!(a.len(), 1),
+        other => panic!("{other:?}"),
+    }
+}

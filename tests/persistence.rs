@@ -109,8 +109,10 @@ fn aof_roundtrip(preamble: &str, rewrite: bool) {
                 .find(|e| e.file_name().to_string_lossy().contains(".base.aof"))
                 .expect("a rewritten base AOF");
             let text = String::from_utf8_lossy(&std::fs::read(base.path()).unwrap()).into_owned();
-            assert!(
-                text.contains("RLOCK.SETSTATE"),
+            // One compact RLOCK.DELTA per lock (whole holders), no SETSTATE.
+            assert_eq!(
+                text.matches("RLOCK.DELTA").count(),
+                4,
                 "the base AOF holds no lock state:\n{text}"
             );
         }

@@ -3,24 +3,22 @@
 mod common;
 
 use std::thread::sleep;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::*;
 
-fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 #[test]
 fn acquire_grants_a_token_and_creates_a_lock_key() {
+    // The clock is the floor of the epoch that started when the server did.
+    let before = unix_ms();
     let s = Server::start();
     let mut c = s.client();
-    let before = unix_ms();
     let token = int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     assert!(token >= before << 20, "token {token} below the clock floor");
+    assert!(
+        token < (unix_ms() + 1) << 20,
+        "token {token} above the clock"
+    );
     let ty: String = cmd("TYPE").arg("k").query(&mut c).unwrap();
     assert_eq!(ty, "rlock-lck");
     assert_eq!(ty.len(), 9);
@@ -489,7 +487,11 @@ fn malformed_calls_get_errors_and_change_nothing() {
             "ERR wrong number of arguments",
         ),
         (&["RLOCK.INFO"], "ERR wrong number of arguments"),
-        (&["RLOCK.INFO", "k", "x"], "ERR wrong number of arguments"),
+        (&["RLOCK.INFO", "k", "x"], "ERR syntax error"),
+        (
+            &["RLOCK.INFO", "k", "COUNT", "1", "x"],
+            "ERR wrong number of arguments",
+        ),
         (&["RLOCK.ACQUIRE", "k", "a", "NX", "1"], "ERR syntax error"),
         (&["RLOCK.ACQUIRE", "k", "a", "PX"], "ERR syntax error"),
         (
@@ -832,10 +834,10 @@ fn lease_expiry_fires_a_keyspace_event() {
 }
 
 #[test]
-fn the_lease_schedule_tracks_only_live_locks() {
+fn the_lease_schedule_watches_only_keys_redis_cannot_end_alone() {
     let s = Server::start();
     let mut c = s.client();
-    // Default 30 s leases: ended holds must not leave entries behind for 30 s.
+    // Default 30 s leases: ended holds must not leave entries behind.
     for i in 0..2000 {
         let k = format!("k{}", i % 7);
         int(&mut c, &["RLOCK.ACQUIRE", &k, "a"]);
@@ -843,31 +845,41 @@ fn the_lease_schedule_tracks_only_live_locks() {
         int(&mut c, &["RLOCK.RELEASE", &k, "a"]);
     }
     assert_eq!(stat(&mut c, "lease_schedule"), 0);
+    // One holder, nobody waiting: the key's TTL is the lease, Redis ends it.
     for i in 0..10 {
         int(&mut c, &["RLOCK.ACQUIRE", &format!("held{i}"), "a"]);
     }
+    int(&mut c, &["RLOCK.ACQUIRE", "short", "a", "PX", "100"]);
+    assert_eq!(stat(&mut c, "lease_schedule"), 0);
+    // Several readers: each lease is its own, so the earliest is watched.
     int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r1", "PX", "300"]);
     int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r2"]);
-    assert_eq!(stat(&mut c, "lease_schedule"), 11);
-    // Keys removed by Redis (DEL, RENAME, FLUSHDB) take their entries with them.
-    assert_eq!(int(&mut c, &["DEL", "held0", "held1"]), 2);
-    let _: () = cmd("RENAME")
-        .arg("held2")
-        .arg("moved")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(stat(&mut c, "lease_schedule"), 8);
-    // The renamed lock is watched again once touched, and still ends on time.
-    int(&mut c, &["RLOCK.RENEW", "moved", "a", "PX", "100"]);
-    assert_eq!(stat(&mut c, "lease_schedule"), 9);
+    assert_eq!(stat(&mut c, "lease_schedule"), 1);
+    // A parked waiter: its lock is watched, to hand it over at deadline + 1 ms.
+    let waiter = spawn_call(&s, &["RLOCK.ACQUIRE", "held0", "b", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    assert_eq!(stat(&mut c, "lease_schedule"), 2);
+    // A key removed by Redis takes its entry with it (the waiter must retry).
+    assert_eq!(int(&mut c, &["DEL", "held0"]), 1);
+    let told = waiter.join().unwrap().0.unwrap_err();
+    assert_eq!(told.code(), Some("TRYAGAIN"), "{told}");
+    assert_eq!(stat(&mut c, "lease_schedule"), 1);
+    // The short lock ends through Redis's expiry, reported like any other.
     wait_until(Duration::from_secs(3), || {
-        int(&mut c, &["EXISTS", "moved"]) == 0
+        int(&mut c, &["EXISTS", "short"]) == 0
     });
-    // The reader's own expiry re-arms the key for the other reader.
+    // The first reader's expiry leaves one reader: nothing left to watch.
     wait_until(Duration::from_secs(3), || {
         stat(&mut c, "lease_expirations") >= 2
     });
-    assert_eq!(stat(&mut c, "lease_schedule"), 8);
+    assert_eq!(stat(&mut c, "lease_schedule"), 0);
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw"]).unwrap();
+    match field(&info, "readers") {
+        Value::Array(r) => assert_eq!(r.len(), 1),
+        other => panic!("{other:?}"),
+    }
+    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "READ", "r3"]);
+    assert_eq!(stat(&mut c, "lease_schedule"), 1);
     let _: () = cmd("FLUSHDB").query(&mut c).unwrap();
     assert_eq!(stat(&mut c, "lease_schedule"), 0);
 }

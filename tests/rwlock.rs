@@ -978,3 +978,67 @@ fn sixteen_clients_mixing_readers_and_writers_stay_consistent() {
     );
     assert_eq!(stat(&mut c, "waiters"), 0);
 }
+
+#[test]
+fn info_count_caps_the_lists_not_the_counts() {
+    let s = Server::start();
+    let mut c = s.client();
+    for i in 0..50 {
+        int(
+            &mut c,
+            &[
+                "RWLOCK.ACQUIRE",
+                "rw",
+                "READ",
+                &format!("r{i}"),
+                "PX",
+                "60000",
+            ],
+        );
+    }
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw", "COUNT", "3"]).unwrap();
+    match field(&info, "readers") {
+        Value::Array(r) => assert_eq!(r.len(), 3),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(as_int(&field(&info, "reader_count")), 50);
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw", "count", "0"]).unwrap();
+    assert!(matches!(field(&info, "readers"), Value::Array(r) if r.is_empty()));
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw"]).unwrap();
+    assert!(matches!(field(&info, "readers"), Value::Array(r) if r.len() == 50));
+
+    int(&mut c, &["FAIRLOCK.ACQUIRE", "f", "holder"]);
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let owner = format!("w{i}");
+        waiters.push(spawn_call(
+            &s,
+            &["FAIRLOCK.ACQUIRE", "f", &owner, "BLOCK", "5000"],
+        ));
+        wait_parked(&mut c, i + 1);
+    }
+    let info = info_map(&mut c, &["FAIRLOCK.INFO", "f", "COUNT", "2"]).unwrap();
+    assert_eq!(as_int(&field(&info, "waiters")), 5);
+    match field(&info, "queue") {
+        Value::Array(q) => assert_eq!(q.iter().map(as_string).collect::<Vec<_>>(), ["w0", "w1"]),
+        other => panic!("{other:?}"),
+    }
+    for bad in [
+        &["COUNT", "-1"][..],
+        &["COUNT", "x"],
+        &["LIMIT", "2"],
+        &["COUNT"],
+    ] {
+        let mut args = vec!["RWLOCK.INFO", "rw"];
+        args.extend_from_slice(bad);
+        let e = error(&mut c, &args);
+        assert!(e.starts_with("ERR"), "{bad:?}: {e}");
+    }
+    int(&mut c, &["FAIRLOCK.FORCERELEASE", "f"]);
+    for _ in 0..5 {
+        int(&mut c, &["FAIRLOCK.FORCERELEASE", "f"]);
+    }
+    for w in waiters {
+        w.join().unwrap().0.unwrap();
+    }
+}

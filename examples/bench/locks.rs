@@ -135,6 +135,10 @@ pub struct Lock {
     /// Run on a server with AOF on (`appendfsync no`), so that replicated
     /// effects are built and written out.
     pub aof: bool,
+    /// Run on a master with a replica attached (a second redis-server with
+    /// the module, synced before the measurement), so that effects are built
+    /// and sent down the replication link.
+    pub replica: bool,
 }
 
 impl Lock {
@@ -143,11 +147,19 @@ impl Lock {
             imp,
             fam,
             aof: false,
+            replica: false,
         }
     }
 
     pub const fn with_aof(self) -> Lock {
         Lock { aof: true, ..self }
+    }
+
+    pub const fn with_replica(self) -> Lock {
+        Lock {
+            replica: true,
+            ..self
+        }
     }
 
     /// The server this lock runs on loads the module (all but `PlainFloor`).
@@ -168,10 +180,11 @@ impl Lock {
             (Impl::Lua, Family::Write) => "Redisson WriteLock (Lua)",
             (Impl::Lua, Family::Read) => "Redisson ReadLock (Lua)",
         };
-        if self.aof {
-            format!("{base}, AOF on")
-        } else {
-            base.to_string()
+        match (self.aof, self.replica) {
+            (true, true) => format!("{base}, AOF on, with a replica"),
+            (true, false) => format!("{base}, AOF on"),
+            (false, true) => format!("{base}, with a replica"),
+            (false, false) => base.to_string(),
         }
     }
 

@@ -11,20 +11,32 @@
 //! - (c) expiry handoff: lease deadline -> waiter's grant;
 //! - (d) scale: memory per lock, idle CPU with many leased locks, release
 //!   cost with many waiters;
+//! - (e) many holders: RWLOCK READ ops with up to 100,000 readers in (with and
+//!   without a replica, replicated bytes per change), and one release that
+//!   admits thousands of queued readers;
+//! - (f) expiry storm: 500,000 leases ending in the same millisecond;
+//! - (g) persistence at scale: RDB, AOF rewrite, DEBUG RELOAD, promotion and
+//!   FLUSHALL with 1,000,000 locks against as many `SET PX` keys;
 //!
 //! and writes BENCHMARKS.md (machine, versions, tables, ratios, targets).
 //!
-//! `BENCH_QUICK=1` shrinks every size for a smoke run. `BENCH_ONLY=a,b,c,d`
-//! runs a subset (`a1`: time per call, `a2`: throughput, `d1`: memory and idle
-//! CPU, `d2`: release with waiters). `BENCH_OUT` overrides the output file.
+//! `BENCH_QUICK=1` shrinks every size for a smoke run. `BENCH_ONLY=a,b,c,d,e,f,g`
+//! runs a subset (`a1`: time per call, all setups; `a2`: throughput; `a3` or
+//! `replica`: time per call with a replica only; `d1`: memory and idle CPU,
+//! `d2`: release with waiters; `e1` or `readers`: ops with N readers in; `e2`
+//! or `admit`: a release admitting N readers; `f` or `storm`; `g` or
+//! `persist`). `BENCH_OUT` overrides the output file.
 
 mod contention;
 mod expiry;
 mod locks;
+mod persist;
+mod readers;
 mod report;
 mod resp;
 mod scale;
 mod server;
+mod storm;
 mod uncontended;
 
 use std::path::PathBuf;
@@ -49,6 +61,16 @@ pub struct Cfg {
     pub waiters: usize,
     pub native_releases: usize,
     pub lua_releases: usize,
+    /// (e) readers already holding the key; ops measured per size.
+    pub readers: Vec<usize>,
+    pub reader_ops: usize,
+    /// (e) readers queued behind a writer, admitted by one release.
+    pub admit: Vec<usize>,
+    /// (f) leases sharing one deadline, and the keys among them with a waiter.
+    pub storm_leases: usize,
+    pub storm_waiters: usize,
+    /// (g) locks (and SET PX keys) saved, rewritten, reloaded, flushed.
+    pub persist_locks: usize,
 }
 
 impl Cfg {
@@ -70,6 +92,12 @@ impl Cfg {
                 waiters: 1_000,
                 native_releases: 200,
                 lua_releases: 50,
+                readers: vec![1, 1_000, 10_000],
+                reader_ops: 300,
+                admit: vec![200, 1_000, 2_000],
+                storm_leases: 100_000,
+                storm_waiters: 200,
+                persist_locks: 100_000,
             }
         } else {
             Cfg {
@@ -88,6 +116,12 @@ impl Cfg {
                 waiters: 10_000,
                 native_releases: 1_000,
                 lua_releases: 100,
+                readers: vec![1, 1_000, 10_000, 100_000],
+                reader_ops: 1_000,
+                admit: vec![1_000, 5_000, 10_000],
+                storm_leases: 500_000,
+                storm_waiters: 1_000,
+                persist_locks: 1_000_000,
             }
         }
     }
@@ -192,6 +226,11 @@ pub struct Results {
     pub memory: Vec<scale::Memory>,
     pub idle_empty: Option<scale::Idle>,
     pub waiters: Vec<scale::Waiters>,
+    pub readers: Vec<readers::ReadersScale>,
+    pub admit: Vec<readers::Admit>,
+    pub admit_wanted: Vec<usize>,
+    pub storms: Vec<storm::Storm>,
+    pub persist: Vec<persist::Persist>,
     pub runtime_s: f64,
     pub load_before: String,
     pub load_after: String,
@@ -209,6 +248,7 @@ fn main() {
             .collect()
     });
     let run = |section: &str| only.as_ref().is_none_or(|o| o.iter().any(|s| s == section));
+    let run_any = |names: &[&str]| names.iter().any(|n| run(n));
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let module = std::env::var_os("RLOCK_MODULE")
         .map(PathBuf::from)
@@ -244,12 +284,24 @@ fn main() {
         locks.push(*n);
         locks.push(*l);
     }
-    if run("a") || run("a1") {
+    // With a replica attached: effects are built and sent down the link, as
+    // in production; every uncontended row, each against the floor on the
+    // same setup.
+    let mut with_replica = vec![FLOOR.with_replica()];
+    for (n, l) in NATIVE.iter().zip(LUA.iter()) {
+        with_replica.push(n.with_replica());
+        with_replica.push(l.with_replica());
+    }
+    if run_any(&["a", "a1"]) {
         progress("(a) uncontended: server time per call");
-        // Also with AOF on: effects are then built and propagated (as with replicas).
-        let mut with_aof = locks.clone();
-        with_aof.extend([FLOOR.with_aof(), NATIVE[0].with_aof(), LUA[0].with_aof()]);
-        r.costs = uncontended::call_costs(&env, &with_aof);
+        // Also with AOF on: effects are then built and written out.
+        let mut all = locks.clone();
+        all.extend([FLOOR.with_aof(), NATIVE[0].with_aof(), LUA[0].with_aof()]);
+        all.extend(with_replica.iter().copied());
+        r.costs = uncontended::call_costs(&env, &all);
+    } else if run_any(&["a3", "replica"]) {
+        progress("(a) uncontended: server time per call, with a replica");
+        r.costs = uncontended::call_costs(&env, &with_replica);
     }
     if run("a") || run("a2") {
         progress("(a) uncontended: pipelined throughput");
@@ -364,6 +416,87 @@ fn main() {
                 w.woken
             ));
             r.waiters.push(w);
+        }
+    }
+
+    if run_any(&["e", "e1", "readers"]) {
+        progress("(e) RWLOCK READ ops with N readers in");
+        for &n in &env.cfg.readers {
+            for x in readers::readers_scale(&env, n, env.cfg.reader_ops) {
+                progress(&format!(
+                    "  {n:>7} readers{:<16} acquire {:8.2} us  renew {:8.2} us  release {:8.2} us{}",
+                    if x.replica { ", with a replica" } else { "" },
+                    x.acquire.us_per_call,
+                    x.renew.us_per_call,
+                    x.release.us_per_call,
+                    match (x.acquire.bytes_per_change, x.renew.bytes_per_change, x.release.bytes_per_change) {
+                        (Some(a), Some(b), Some(c)) => format!("  bytes/change {a:.0} / {b:.0} / {c:.0}"),
+                        _ => String::new(),
+                    }
+                ));
+                r.readers.push(x);
+            }
+        }
+    }
+
+    if run_any(&["e", "e2", "admit"]) {
+        progress("(e) one release admitting N queued readers");
+        for &want in &env.cfg.admit {
+            let n = want.min((r.fd_limit as usize).saturating_sub(256)).max(1);
+            r.admit_wanted.push(want);
+            let a = readers::admit(&env, n);
+            progress(&format!(
+                "  {n:>6} readers: release {:.0} us (server), all served in {:.1} ms = {:.2} us/reader, worst PING {:.1} ms",
+                a.release_us,
+                a.all_served_ms,
+                a.us_per_reader(),
+                a.stall.worst_ms
+            ));
+            r.admit.push(a);
+        }
+    }
+
+    if run_any(&["f", "storm"]) {
+        let (n, w) = (env.cfg.storm_leases, env.cfg.storm_waiters);
+        progress(&format!("(f) expiry storm: {n} leases, one deadline"));
+        // Redis's own expiry: SET PX keys on a server without the module.
+        for (lock, waiters) in [(storm::NATIVE, w), (PLAIN_FLOOR, 0)] {
+            let x = storm::run(&env, lock, n, waiters);
+            progress(&format!(
+                "  {:<44} worst PING {:.1} ms, p99 {:.2} ms, all ended after {} ms, waiters served {}/{}",
+                lock.label(),
+                x.stall.worst_ms,
+                x.stall.p99_ms,
+                x.all_ended_ms.map(|v| format!("{v:.0}")).unwrap_or("(not within 30 s)".into()),
+                x.served,
+                x.waiters
+            ));
+            r.storms.push(x);
+        }
+    }
+
+    if run_any(&["g", "persist"]) {
+        let n = env.cfg.persist_locks;
+        progress(&format!(
+            "(g) persistence at scale: {n} locks vs SET PX keys"
+        ));
+        for lock in [storm::NATIVE, FLOOR, PLAIN_FLOOR] {
+            let x = persist::run(&env, lock, n, env.cfg.storm_waiters);
+            progress(&format!(
+                "  {:<44} RDB {:.0} B/key in {:.0} ms, AOF {:.0} B/key in {:.0} ms, reload {:.0} ms, REPLICAOF NO ONE {:.1} ms, stall {:.1} ms (quiet {:.1}), FLUSHALL {:.0} ms, stall {:.1} ms",
+                lock.label(),
+                x.rdb_bytes as f64 / n as f64,
+                x.save_ms,
+                x.aof_bytes as f64 / n as f64,
+                x.rewrite_ms,
+                x.reload_ms,
+                x.promote_ms,
+                x.promote_stall.worst_ms,
+                x.promote_quiet.worst_ms,
+                x.flush_ms,
+                x.flush_stall.worst_ms
+            ));
+            r.persist.push(x);
         }
     }
 

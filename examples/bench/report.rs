@@ -8,6 +8,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::locks::{Family, Impl, Lock};
 use crate::{Env, Results, FLOOR, NATIVE, PLAIN_FLOOR};
 
+mod production;
+use production::{
+    persist_targets, readers_targets, render_persist, render_readers, render_storm, storm_targets,
+};
+
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -160,74 +165,110 @@ fn targets(r: &Results) -> Vec<Target> {
             None => String::new(),
         }
     };
-    for n in NATIVE {
-        let fam = family_name(n.fam);
-        match (cost(n), cost(FLOOR), cost(lua_of(n))) {
-            (Some(nc), Some(fc), Some(lc)) => {
-                let x = nc.acquire_ratio(fc);
-                t.push(Target {
-                    id: "acquire-vs-set",
-                    what: format!("{fam} acquire vs `SET NX PX` (server µs/call)"),
-                    measured: format!(
-                        "{} vs {} µs, {x:.2}x{}",
-                        f2(nc.acquire()),
-                        f2(fc.acquire()),
-                        vs_plain(plain.map(|p| nc.acquire_ratio(p)))
-                    ),
-                    required: "≤ 1.2x",
-                    status: status(x <= 1.2),
-                });
-                let x = lc.acquire_ratio(nc);
-                t.push(Target {
-                    id: "acquire-vs-lua",
-                    what: format!("{fam} acquire vs Redisson Lua acquire"),
-                    measured: format!("{x:.2}x cheaper"),
-                    required: "≥ 3x cheaper",
-                    status: status(x >= 3.0),
-                });
-                let x = nc.release_ratio(fc);
-                t.push(Target {
-                    id: "release-vs-floor",
-                    what: format!("{fam} release vs Lua compare-and-delete release"),
-                    measured: format!(
-                        "{} vs {} µs, {x:.2}x{}",
-                        f2(nc.release()),
-                        f2(fc.release()),
-                        vs_plain(plain.map(|p| nc.release_ratio(p)))
-                    ),
-                    required: "≤ 1.2x",
-                    status: status(x <= 1.2),
-                });
-                let x = lc.release_ratio(nc);
-                t.push(Target {
-                    id: "release-vs-lua",
-                    what: format!("{fam} release vs Redisson Lua release"),
-                    measured: format!("{x:.2}x cheaper"),
-                    required: "≥ 3x cheaper",
-                    status: status(x >= 3.0),
-                });
-            }
-            _ => {
-                t.push(not_run(
-                    "acquire-vs-set",
-                    &format!("{fam} acquire vs SET NX PX"),
-                    "≤ 1.2x",
-                ));
-                t.push(not_run(
-                    "acquire-vs-lua",
-                    &format!("{fam} acquire vs Lua"),
-                    "≥ 3x cheaper",
-                ));
-                t.push(not_run(
-                    "release-vs-floor",
-                    &format!("{fam} release vs CAD"),
-                    "≤ 1.2x",
-                ));
-                t.push(not_run(
-                    "release-vs-lua",
-                    &format!("{fam} release vs Lua"),
-                    "≥ 3x cheaper",
-                ));
+    // Plain servers (no AOF, no replica), then with a replica attached: each
+    // native row against the floor and Redisson's Lua on the same setup.
+    for (replica, ids, setup) in [
+        (
+            false,
+            [
+                "acquire-vs-set",
+                "acquire-vs-lua",
+                "release-vs-floor",
+                "release-vs-lua",
+            ],
+            "",
+        ),
+        (
+            true,
+            [
+                "replica-acquire-vs-set",
+                "replica-vs-lua",
+                "replica-release-vs-floor",
+                "replica-vs-lua",
+            ],
+            ", with a replica",
+        ),
+    ] {
+        let floor = if replica { FLOOR.with_replica() } else { FLOOR };
+        for n in NATIVE {
+            let n = if replica { n.with_replica() } else { n };
+            let fam = match setup {
+                "" => family_name(n.fam).to_string(),
+                _ => format!("{}{setup}:", family_name(n.fam)),
+            };
+            // The plain-server comparison only for the plain rows.
+            let plain = plain.filter(|_| !replica);
+            match (cost(n), cost(floor), cost(lua_of(n))) {
+                (Some(nc), Some(fc), Some(lc)) => {
+                    let vs_floor = |native: f64, floor: f64, x: f64, plain: Option<f64>| {
+                        format!(
+                            "{} vs {} µs, {x:.2}x{}",
+                            f2(native),
+                            f2(floor),
+                            vs_plain(plain)
+                        )
+                    };
+                    let (a, r) = (nc.acquire_ratio(fc), nc.release_ratio(fc));
+                    let (la, lr) = (lc.acquire_ratio(nc), lc.release_ratio(nc));
+                    t.extend([
+                        Target {
+                            id: ids[0],
+                            what: format!("{fam} acquire vs `SET NX PX` (server µs/call)"),
+                            measured: vs_floor(
+                                nc.acquire(),
+                                fc.acquire(),
+                                a,
+                                plain.map(|p| nc.acquire_ratio(p)),
+                            ),
+                            required: "≤ 1.2x",
+                            status: status(a <= 1.2),
+                        },
+                        Target {
+                            id: ids[1],
+                            what: format!("{fam} acquire vs Redisson Lua acquire"),
+                            measured: format!("{la:.2}x cheaper"),
+                            required: "≥ 3x cheaper",
+                            status: status(la >= 3.0),
+                        },
+                        Target {
+                            id: ids[2],
+                            what: format!("{fam} release vs Lua compare-and-delete release"),
+                            measured: vs_floor(
+                                nc.release(),
+                                fc.release(),
+                                r,
+                                plain.map(|p| nc.release_ratio(p)),
+                            ),
+                            required: "≤ 1.2x",
+                            status: status(r <= 1.2),
+                        },
+                        Target {
+                            id: ids[3],
+                            what: format!("{fam} release vs Redisson Lua release"),
+                            measured: format!("{lr:.2}x cheaper"),
+                            required: "≥ 3x cheaper",
+                            status: status(lr >= 3.0),
+                        },
+                    ]);
+                }
+                _ => {
+                    t.push(not_run(
+                        ids[0],
+                        &format!("{fam} acquire vs SET NX PX"),
+                        "≤ 1.2x",
+                    ));
+                    t.push(not_run(
+                        ids[1],
+                        &format!("{fam} acquire vs Lua"),
+                        "≥ 3x cheaper",
+                    ));
+                    t.push(not_run(ids[2], &format!("{fam} release vs CAD"), "≤ 1.2x"));
+                    t.push(not_run(
+                        ids[3],
+                        &format!("{fam} release vs Lua"),
+                        "≥ 3x cheaper",
+                    ));
+                }
             }
         }
     }
@@ -285,18 +326,32 @@ fn targets(r: &Results) -> Vec<Target> {
             }
         }
     }
-    match r.expiry.iter().find(|h| h.lock.imp == Impl::Native) {
-        Some(h) => {
-            let p99 = h.percentile_ms(99.0);
-            t.push(Target {
-                id: "expiry-p99",
-                what: "Expiry handoff p99 (deadline -> waiter's grant)".into(),
-                measured: format!("{p99:.2} ms ({} trials)", h.delays_us.len()),
-                required: "≤ 5 ms",
-                status: status(p99 <= 5.0),
-            });
+    // Counted from deadline + 1 ms, the first moment a grant is allowed.
+    let handoff = |imp: Impl| r.expiry.iter().find(|h| h.lock.imp == imp);
+    for (id, p, limit, req) in [
+        ("expiry-p50", 50.0, 1.5, "≤ 1.5 ms"),
+        ("expiry-p99", 99.0, 3.0, "≤ 3 ms"),
+    ] {
+        let what = format!("Expiry hand-over p{p:.0} (deadline + 1 ms -> waiter's grant)");
+        match handoff(Impl::Native) {
+            Some(h) => {
+                let x = h.percentile_ms(p) - 1.0;
+                t.push(Target {
+                    id,
+                    what,
+                    measured: format!(
+                        "{x:.2} ms ({} trials){}",
+                        h.delays_us.len(),
+                        handoff(Impl::Lua)
+                            .map(|l| format!("; Redisson {:.2} ms", l.percentile_ms(p) - 1.0))
+                            .unwrap_or_default()
+                    ),
+                    required: req,
+                    status: status(x <= limit),
+                });
+            }
+            None => t.push(not_run(id, &what, req)),
         }
-        None => t.push(not_run("expiry-p99", "Expiry handoff p99", "≤ 5 ms")),
     }
     let native_w: Vec<_> = r
         .waiters
@@ -352,6 +407,32 @@ fn targets(r: &Results) -> Vec<Target> {
             "< 2%",
         )),
     }
+    let mem = |imp: Impl| r.memory.iter().find(|m| m.lock.imp == imp);
+    match (mem(Impl::Native), mem(Impl::Lua)) {
+        (Some(n), Some(l)) => t.push(Target {
+            id: "memory-per-lock",
+            what: format!(
+                "Memory per lock, one holder ({} locks), vs Redisson's hash",
+                num(n.locks as f64)
+            ),
+            measured: format!(
+                "{} vs {} bytes, {:.2}x",
+                num(n.bytes_per_lock),
+                num(l.bytes_per_lock),
+                n.bytes_per_lock / l.bytes_per_lock
+            ),
+            required: "≤ 1x (177 B on Redis 7.0)",
+            status: status(n.bytes_per_lock <= l.bytes_per_lock),
+        }),
+        _ => t.push(not_run(
+            "memory-per-lock",
+            "Memory per lock vs Redisson's hash",
+            "≤ 1x (177 B on Redis 7.0)",
+        )),
+    }
+    t.extend(readers_targets(r));
+    t.extend(storm_targets(r));
+    t.extend(persist_targets(r));
     t.push(Target {
         id: "runtime",
         what: "Benchmark run time (this program, after the build)".into(),
@@ -491,14 +572,26 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
              module then builds no replicated effects (Redis would drop them); the rows marked \
              \"AOF on\" \
              (`appendonly yes`, `appendfsync no`) show the cost when effects are built and \
-             propagated, as they are with replicas, each against the floor with AOF on.\n",
+             written out, each against the floor with AOF on. The rows marked \"with a \
+             replica\" run on a master with a replica attached: a second redis-server loading \
+             the module, `REPLICAOF` the master, measured only once the link is up, the initial \
+             sync done and the master sees the replica online (and checked after each phase: \
+             still online, no resync); effects are then built and sent down the link, as in \
+             production; the replica shares the machine's cores with the master. Each is compared with the floor and Redisson's \
+             Lua on the same setup (their rows in the same round). Every master in this \
+             benchmark runs with `repl-diskless-sync-delay 0` and an unlimited replica output \
+             buffer, so no sync waits and no large effect disconnects a replica.\n",
             num(cfg.cost_calls as f64),
             num(cfg.cost_calls as f64),
             cfg.cost_rounds,
             if cfg.cost_rounds == 1 { "round" } else { "rounds" }
         );
         let floor_of = |l: Lock| {
-            let f = if l.aof { FLOOR.with_aof() } else { FLOOR };
+            let f = Lock {
+                aof: l.aof,
+                replica: l.replica,
+                ..FLOOR
+            };
             r.costs.iter().find(|c| c.lock == f)
         };
         let _ = writeln!(
@@ -645,22 +738,25 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
              comes). Delay = the waiter's grant (reply received, client clock) − the lease \
              deadline (`PEXPIRETIME` of the lock key, unix ms, same clock). A hold is valid \
              through its deadline millisecond, so no grant can come before deadline + 1 ms; \
-             the delay is counted from the deadline itself.\n"
+             the delay is counted from the deadline itself, and in the last two columns (and \
+             the targets) from deadline + 1 ms, the first moment a grant is allowed.\n"
         );
         let _ = writeln!(
             w,
-            "| lock | trials | min ms | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|"
+            "| lock | trials | min ms | p50 ms | p99 ms | max ms | p50 from deadline + 1 ms | p99 from deadline + 1 ms |\n|---|---|---|---|---|---|---|---|"
         );
         for h in &r.expiry {
             let _ = writeln!(
                 w,
-                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 h.lock.label(),
                 h.delays_us.len(),
                 h.min_ms(),
                 h.percentile_ms(50.0),
                 h.percentile_ms(99.0),
-                h.max_ms()
+                h.max_ms(),
+                h.percentile_ms(50.0) - 1.0,
+                h.percentile_ms(99.0) - 1.0
             );
         }
     }
@@ -779,6 +875,10 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
             );
         }
     }
+
+    render_readers(w, r);
+    render_storm(w, r);
+    render_persist(w, r);
 
     let missed: Vec<&Target> = ts.iter().filter(|t| t.status == Status::Missed).collect();
     if !missed.is_empty() {

@@ -236,6 +236,55 @@ impl Conn {
     }
 }
 
+/// Of the connections `conns[i]` for i in `among`, those that have a reply
+/// buffered, else those that become readable within `timeout` (one `ppoll`
+/// over all of them): thousands of parked clients watched at once.
+pub fn poll_readable(conns: &[Conn], among: &[usize], timeout: Duration) -> io::Result<Vec<usize>> {
+    let buffered: Vec<usize> = among
+        .iter()
+        .copied()
+        .filter(|&i| conns[i].rpos < conns[i].rbuf.len())
+        .collect();
+    if !buffered.is_empty() {
+        return Ok(buffered);
+    }
+    let mut fds: Vec<libc::pollfd> = among
+        .iter()
+        .map(|&i| libc::pollfd {
+            fd: conns[i].stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    loop {
+        let r = unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
+        if r >= 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(among
+        .iter()
+        .zip(&fds)
+        .filter(|(_, p)| p.revents != 0)
+        .map(|(&i, _)| i)
+        .collect())
+}
+
 fn line(buf: &[u8]) -> Option<(&[u8], usize)> {
     let end = buf.windows(2).position(|w| w == b"\r\n")?;
     Some((&buf[..end], end + 2))

@@ -60,28 +60,31 @@ pub fn idle_empty(env: &Env) -> Idle {
     measure_idle(&srv, Duration::from_secs(1), env.cfg.idle_secs)
 }
 
-/// Loads `n` held locks (distinct keys, long leases) and measures the memory
-/// they add, then optionally the idle CPU of the server holding them.
-pub fn memory(env: &Env, lock: Lock, n: usize, idle: bool) -> Memory {
-    let srv = Server::start(&env.module, None);
-    env.scripts.load(&mut srv.conn());
-    let before = srv.info_i64("memory", "used_memory");
-    let threads = 4;
-    let t0 = Instant::now();
+/// Takes `n` locks on the distinct free keys `<prefix><i:08>` (i < n) over
+/// `threads` connections, `batch` commands per flush, one owner per
+/// connection; each call's lease is `lease(i)` ms, computed when the call is
+/// queued.
+pub fn load_locks(
+    env: &Env,
+    srv: &Server,
+    lock: Lock,
+    prefix: &str,
+    (n, threads, batch): (usize, usize, usize),
+    lease: impl Fn(usize) -> u64 + Send + Sync + Copy + 'static,
+) {
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let scripts = env.scripts.clone();
             let port = srv.port;
+            let prefix = prefix.to_string();
             std::thread::spawn(move || {
                 let mut c = Conn::connect(port).expect("connect");
                 let who = owner(200 + t as u64, 1);
-                let keys: Vec<String> = (t..n)
-                    .step_by(threads)
-                    .map(|i| format!("lock:{i:08}"))
-                    .collect();
-                for chunk in keys.chunks(1000) {
-                    for k in chunk {
-                        lock.queue_acquire(&mut c, &scripts, k, &who, LONG_LEASE_MS, None);
+                let keys: Vec<usize> = (t..n).step_by(threads).collect();
+                for chunk in keys.chunks(batch) {
+                    for &i in chunk {
+                        let k = format!("{prefix}{i:08}");
+                        lock.queue_acquire(&mut c, &scripts, &k, &who, lease(i), None);
                     }
                     c.flush().expect("send");
                     for v in c.read_n(chunk.len()).expect("replies") {
@@ -94,6 +97,16 @@ pub fn memory(env: &Env, lock: Lock, n: usize, idle: bool) -> Memory {
     for h in handles {
         h.join().expect("loader thread");
     }
+}
+
+/// Loads `n` held locks (distinct keys, long leases) and measures the memory
+/// they add, then optionally the idle CPU of the server holding them.
+pub fn memory(env: &Env, lock: Lock, n: usize, idle: bool) -> Memory {
+    let srv = Server::start(&env.module, None);
+    env.scripts.load(&mut srv.conn());
+    let before = srv.info_i64("memory", "used_memory");
+    let t0 = Instant::now();
+    load_locks(env, &srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
     let load_secs = t0.elapsed().as_secs_f64();
     // Let the loaders' connections close before reading memory.
     std::thread::sleep(Duration::from_millis(200));
@@ -121,7 +134,7 @@ pub fn memory(env: &Env, lock: Lock, n: usize, idle: bool) -> Memory {
 }
 
 /// Polls `f` with a growing pause (50 µs up to 20 ms) until it holds.
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + timeout;
     let mut pause = Duration::from_micros(50);
     while !f() {
@@ -131,7 +144,7 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn native_waiting(srv: &Server) -> i64 {
+pub fn native_waiting(srv: &Server) -> i64 {
     srv.info_i64("rlock", "rlock_waiters")
 }
 

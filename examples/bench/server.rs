@@ -12,6 +12,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use crate::cmd;
+use crate::contention::percentile;
 use crate::resp::{Conn, Value};
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -68,7 +69,14 @@ impl Server {
             .args(["--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(&dir)
-            .args(["--save", ""]);
+            .args(["--save", ""])
+            // DEBUG RELOAD and DEBUG DIGEST-VALUE (Redis 7 refuses DEBUG by default).
+            .args(["--enable-debug-command", "yes"])
+            // A replica's full sync starts at once (the default waits 5 s for
+            // more replicas to join the same transfer).
+            .args(["--repl-diskless-sync-delay", "0"])
+            // A large replicated effect never disconnects a replica mid-measurement.
+            .args(["--client-output-buffer-limit", "replica 0 0 0"]);
         if aof {
             command.args(["--appendonly", "yes", "--appendfsync", "no"]);
         } else {
@@ -110,6 +118,64 @@ impl Server {
             }
             sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The server's working directory (its RDB and AOF files).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Starts a second redis-server (the module loaded when `module` is given)
+    /// as this one's replica, and waits until the link is up, the initial sync
+    /// is done and the master sees the replica online.
+    pub fn start_replica(&self, module: Option<&Path>) -> Server {
+        let replica = Self::start_with(module, None, false);
+        let mut c = replica.conn();
+        let r = cmd!(c; "REPLICAOF", "127.0.0.1", self.port.to_string()).expect("REPLICAOF");
+        assert!(!r.is_error(), "REPLICAOF: {r:?}");
+        replica.wait_synced(self, Duration::from_secs(300));
+        replica
+    }
+
+    /// Waits until this replica's link to `master` is up and synced.
+    pub fn wait_synced(&self, master: &Server, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        loop {
+            let r = self.info("replication");
+            let m = master.info("replication");
+            let up = r.get("master_link_status").is_some_and(|v| v == "up")
+                && r.get("master_sync_in_progress").is_some_and(|v| v == "0")
+                && m.get("slave0").is_some_and(|v| v.contains("state=online"));
+            if up {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "replica did not sync within {timeout:?}:\n{}",
+                self.log()
+            );
+            sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until this replica has processed everything `master` had sent
+    /// when the call began (its `master_repl_offset` is the stream it applied).
+    pub fn wait_caught_up(&self, master: &Server, timeout: Duration) {
+        let target = master.repl_offset();
+        let end = Instant::now() + timeout;
+        while self.repl_offset() < target {
+            assert!(
+                Instant::now() < end,
+                "replica did not catch up within {timeout:?}"
+            );
+            sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// `master_repl_offset`: bytes this master has sent down its replication
+    /// stream (on a replica: the bytes of it applied so far).
+    pub fn repl_offset(&self) -> i64 {
+        self.info_i64("replication", "master_repl_offset")
     }
 
     pub fn log(&self) -> String {
@@ -206,5 +272,78 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A connection that PINGs a server in a tight loop on its own thread and
+/// records every round trip: how long the server left clients unanswered.
+pub struct Pinger {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<(Instant, u32)>>,
+}
+
+/// The round trips a `Pinger` recorded: (time sent, round trip µs).
+pub struct PingLog {
+    pub samples: Vec<(Instant, u32)>,
+}
+
+/// Worst and p99 PING round trip over a window.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stall {
+    pub pings: usize,
+    pub worst_ms: f64,
+    pub p99_ms: f64,
+}
+
+impl Pinger {
+    pub fn start(port: u16) -> Pinger {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let mut c = Conn::connect(port).expect("connect the pinger");
+        let handle = std::thread::spawn(move || {
+            let mut out = Vec::with_capacity(1 << 16);
+            while !flag.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let v = cmd!(c; "PING").expect("PING");
+                assert_eq!(v, Value::Simple("PONG".into()), "PING");
+                out.push((t, t.elapsed().as_micros() as u32));
+            }
+            out
+        });
+        Pinger { stop, handle }
+    }
+
+    pub fn stop(self) -> PingLog {
+        self.stop.store(true, Ordering::Relaxed);
+        PingLog {
+            samples: self.handle.join().expect("pinger thread"),
+        }
+    }
+}
+
+impl PingLog {
+    /// Round trips of the PINGs that were in flight at any time in `[from, to]`.
+    pub fn window(&self, from: Instant, to: Instant) -> Stall {
+        self.stall(|sent, done| sent <= to && done >= from)
+    }
+
+    /// Round trips of the PINGs sent and answered within `[from, to]` (a
+    /// quiet stretch before an event, without the PING the event delays).
+    pub fn within(&self, from: Instant, to: Instant) -> Stall {
+        self.stall(|sent, done| sent >= from && done <= to)
+    }
+
+    fn stall(&self, keep: impl Fn(Instant, Instant) -> bool) -> Stall {
+        let rtts: Vec<u32> = self
+            .samples
+            .iter()
+            .filter(|(t, rtt)| keep(*t, *t + Duration::from_micros(*rtt as u64)))
+            .map(|&(_, rtt)| rtt)
+            .collect();
+        Stall {
+            pings: rtts.len(),
+            worst_ms: percentile(&rtts, 100.0) / 1000.0,
+            p99_ms: percentile(&rtts, 99.0) / 1000.0,
+        }
     }
 }

@@ -110,13 +110,19 @@ fn release_all(
     }
 }
 
+/// A fresh server for `lock` (module loaded unless it is the plain floor, AOF
+/// as the lock says) and, for a lock `with_replica`, its synced replica (the
+/// module loaded there too, as a deployment has it).
+pub fn start_servers(env: &Env, lock: Lock) -> (Server, Option<Server>) {
+    let module = lock.with_module().then_some(env.module.as_path());
+    let srv = Server::start_with(module, None, lock.aof);
+    let replica = lock.replica.then(|| srv.start_replica(module));
+    (srv, replica)
+}
+
 /// Server time per call of one lock's acquire and release, on a fresh server.
 fn one_round(env: &Env, lock: Lock, calls: usize) -> (f64, f64) {
-    let srv = Server::start_with(
-        lock.with_module().then_some(env.module.as_path()),
-        None,
-        lock.aof,
-    );
+    let (srv, replica) = start_servers(env, lock);
     let mut c = srv.conn();
     env.scripts.load(&mut c);
     let keys: Vec<String> = (0..calls).map(|i| key("", i)).collect();
@@ -130,6 +136,15 @@ fn one_round(env: &Env, lock: Lock, calls: usize) -> (f64, f64) {
             "{}: commandstats counted {n} {name} calls",
             lock.label()
         );
+        if let Some(replica) = &replica {
+            // The replica stayed attached (effects went down the link): no
+            // full or partial resync since the stats were reset.
+            replica.wait_synced(&srv, std::time::Duration::from_secs(60));
+            let stats = srv.info("stats");
+            for f in ["sync_full", "sync_partial_ok"] {
+                assert_eq!(stats.get(f).map(String::as_str), Some("0"), "{f}");
+            }
+        }
         usec as f64 / n as f64
     };
     srv.reset_stats(&mut c);
@@ -170,11 +185,7 @@ pub fn call_costs(env: &Env, locks: &[Lock]) -> Vec<CallCost> {
 /// Pipelined throughput: `clients` connections, each acquiring distinct free
 /// keys in batches of `pipeline` for the set time, then releasing them all.
 pub fn throughput(env: &Env, lock: Lock) -> Throughput {
-    let srv = Server::start_with(
-        lock.with_module().then_some(env.module.as_path()),
-        None,
-        lock.aof,
-    );
+    let (srv, _replica) = start_servers(env, lock);
     env.scripts.load(&mut srv.conn());
     let clients = env.cfg.tput_clients;
     let pipeline = env.cfg.pipeline;

@@ -7,6 +7,7 @@ pub const SYNTAX_ERR: &str = "ERR syntax error";
 pub const LEASE_ERR: &str = "ERR lease is not an integer or out of range";
 pub const TIMEOUT_ERR: &str = "ERR timeout is not an integer or out of range";
 pub const EMPTY_OWNER_ERR: &str = "ERR owner must not be empty";
+pub const COUNT_ERR: &str = "ERR count is not an integer or out of range";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
@@ -70,6 +71,17 @@ pub fn options<'a>(
         }
     }
     Ok(opts)
+}
+
+/// `COUNT n` of `*.INFO`: how many readers or queued owners to list (n >= 0).
+pub fn count(word: &[u8], value: &[u8]) -> Result<usize, &'static str> {
+    if !word.eq_ignore_ascii_case(b"COUNT") {
+        return Err(SYNTAX_ERR);
+    }
+    integer(value)
+        .filter(|n| *n >= 0)
+        .map(|n| n as usize)
+        .ok_or(COUNT_ERR)
 }
 
 pub fn mode(arg: &[u8]) -> Result<Mode, &'static str> {
@@ -155,6 +167,16 @@ mod tests {
         assert_eq!(parse(&["BLOCK", "9223372036854775807"]), Err(TIMEOUT_ERR));
         let max = (i64::MAX - NOW).to_string();
         assert_eq!(parse(&["PX", &max]).unwrap().lease_ms, Some(i64::MAX - NOW));
+    }
+
+    #[test]
+    fn info_count() {
+        assert_eq!(count(b"count", b"0"), Ok(0));
+        assert_eq!(count(b"COUNT", b"25"), Ok(25));
+        assert_eq!(count(b"LIMIT", b"5"), Err(SYNTAX_ERR));
+        for bad in [&b"-1"[..], b"x", b"", b"1.5"] {
+            assert_eq!(count(b"COUNT", bad), Err(COUNT_ERR));
+        }
     }
 
     #[test]

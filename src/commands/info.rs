@@ -1,42 +1,36 @@
-//! `*.INFO key`: a map describing the lock (RESP2 clients get a flat array).
-//! Read-only: holds past their deadline are shown as gone, not removed.
+//! `*.INFO key [COUNT n]`: a map describing the lock (RESP2 clients get a flat
+//! array). Read-only: holds past their deadline are shown as gone, not removed.
+//! `COUNT` caps the readers or queued owners listed; counts stay exact.
 
 use crate::blocking;
 use crate::ffi::{bytes, now_ms, selected_db, Ctx, Key, RStr, Reply};
-use crate::lock::{Holder, Kind};
+use crate::lock::{err, Holder, Kind};
 use crate::store::{lock_type, LockValue};
 
-use super::WRONGTYPE_ERR;
-
-pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
+pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> Reply {
     let key = Key::open(ctx, keyname, false);
     let value = match key.module_value::<LockValue>(lock_type()) {
-        Err(()) => return Reply::err(WRONGTYPE_ERR),
+        Err(()) => return Reply::err(err::WRONGTYPE),
         Ok(None) => return Reply::Null,
         Ok(Some(v)) => unsafe { &*v },
     };
-    if value.state.kind != kind {
-        return Reply::err(WRONGTYPE_ERR);
+    if value.state.kind() != kind {
+        return Reply::err(err::WRONGTYPE);
     }
     let now = now_ms();
-    let live: Vec<&Holder> = value
-        .state
-        .holders
-        .iter()
-        .filter(|h| h.deadline >= now)
-        .collect();
-    if live.is_empty() {
+    let live = || value.state.iter().filter(|h| h.deadline >= now);
+    let Some(first) = live().next() else {
         return Reply::Null;
-    }
+    };
     let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
     let waiters = blocking::queue_len(db, name) as i64;
     let ttl = |h: &Holder| Reply::Int(h.deadline - now);
     match kind {
         Kind::Reentrant | Kind::Fair => {
-            let h = live[0];
+            let h = first;
             let mut fields = vec![
                 ("kind", Reply::Bulk(kind.name().into())),
-                ("owner", Reply::Bulk(h.owner.clone())),
+                ("owner", Reply::Bulk(h.owner.to_vec())),
                 ("holds", Reply::Int(h.writes as i64)),
                 ("token", Reply::Int(h.token as i64)),
                 ("ttl", ttl(h)),
@@ -44,27 +38,31 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
             ];
             if kind == Kind::Fair {
                 let queue = blocking::with_queue(db, name, |q| {
-                    q.waiters().map(|w| Reply::Bulk(w.owner.clone())).collect()
+                    q.waiters()
+                        .take(count)
+                        .map(|w| Reply::Bulk(w.owner.to_vec()))
+                        .collect()
                 });
                 fields.push(("queue", Reply::Array(queue.unwrap_or_default())));
             }
             Reply::Map(fields)
         }
         Kind::ReadWrite => {
-            let writer = live.iter().find(|h| h.writes > 0);
-            let readers = live
-                .iter()
-                .filter(|h| h.reads > 0)
+            let writer = state_writer(live());
+            let readers = || live().filter(|h| h.reads > 0);
+            let reader_count = readers().count() as i64;
+            let listed = readers()
+                .take(count)
                 .map(|h| {
                     Reply::Map(vec![
-                        ("owner", Reply::Bulk(h.owner.clone())),
+                        ("owner", Reply::Bulk(h.owner.to_vec())),
                         ("holds", Reply::Int(h.reads as i64)),
                         ("token", Reply::Int(h.token as i64)),
                         ("ttl", ttl(h)),
                     ])
                 })
                 .collect();
-            let latest = live.iter().map(|h| h.deadline).max().unwrap_or(now);
+            let latest = value.state.latest_deadline().unwrap_or(now);
             Reply::Map(vec![
                 ("kind", Reply::Bulk(kind.name().into())),
                 (
@@ -73,7 +71,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
                 ),
                 (
                     "writer",
-                    writer.map_or(Reply::Null, |w| Reply::Bulk(w.owner.clone())),
+                    writer.map_or(Reply::Null, |w| Reply::Bulk(w.owner.to_vec())),
                 ),
                 (
                     "writer_holds",
@@ -83,10 +81,16 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind) -> Reply {
                     "writer_token",
                     writer.map_or(Reply::Null, |w| Reply::Int(w.token as i64)),
                 ),
-                ("readers", Reply::Array(readers)),
+                ("readers", Reply::Array(listed)),
+                ("reader_count", Reply::Int(reader_count)),
                 ("ttl", Reply::Int(latest - now)),
                 ("waiters", Reply::Int(waiters)),
             ])
         }
     }
+}
+
+/// A writer is always the only holder, so the first live holder tells.
+fn state_writer<'a>(mut live: impl Iterator<Item = &'a Holder>) -> Option<&'a Holder> {
+    live.next().filter(|h| h.writes > 0)
 }

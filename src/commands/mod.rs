@@ -13,12 +13,7 @@ use crate::engine::{self, Action};
 use crate::ffi::{self, bytes, now_ms, Ctx, RStr, Reply};
 use crate::lock::{Kind, Mode};
 
-pub use setstate::setstate;
-
-pub const WRONGTYPE_ERR: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
-pub const NOTOWNER_ERR: &str = "NOTOWNER the owner does not hold this lock";
-pub const UPGRADE_ERR: &str =
-    "ERR the owner holds READ: upgrading to WRITE would deadlock, release READ first";
+pub use setstate::{delta, setstate};
 
 fn arity_error(argv: &[*mut RStr]) -> Reply {
     let name = argv
@@ -68,6 +63,11 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
+    // Redis admitted this write, but its count of good replicas can be a
+    // second stale after the server was frozen: no new holder then.
+    if crate::role::refuses_writes() {
+        return Reply::err(crate::role::NOREPLICAS_ERR);
+    }
     let action = Action::Acquire {
         owner,
         mode,
@@ -98,6 +98,10 @@ pub fn renew(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Err(e) => return Reply::err(e),
     };
     let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
+    // As for ACQUIRE: a deposed master waking up must not extend a lease.
+    if crate::role::refuses_writes() {
+        return Reply::err(crate::role::NOREPLICAS_ERR);
+    }
     engine::execute(ctx, argv[1], Some(kind), Action::Renew { owner, lease_ms })
 }
 
@@ -109,10 +113,16 @@ pub fn force_release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
 }
 
 pub fn info(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
-    if argv.len() != 2 {
-        return arity_error(argv);
-    }
-    info::describe(ctx, argv[1], kind)
+    let count = match argv.len() {
+        2 => usize::MAX,
+        4 => match args::count(arg(argv, 2), arg(argv, 3)) {
+            Ok(n) => n,
+            Err(e) => return Reply::err(e),
+        },
+        3 => return Reply::err(args::SYNTAX_ERR),
+        _ => return arity_error(argv),
+    };
+    info::describe(ctx, argv[1], kind, count)
 }
 
 /// Runs a handler with its panics contained and writes its reply.

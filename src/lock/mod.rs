@@ -4,11 +4,29 @@
 //! One `LockState` serves all three families; the family (`Kind`) only changes
 //! which requests are compatible with the current holders (`LockState::admit`).
 
+pub mod delta;
+pub mod encoding;
+mod owner;
 mod queue;
 mod state;
 
+pub use delta::{Delta, Op};
+pub use owner::Owner;
 pub use queue::{Served, WaitQueue, Waiter};
-pub use state::{Admission, Holder, LockState, NotOwner};
+pub use state::{Admission, Holder, LockState, NotOwner, Refused};
+
+/// Error replies of the lock rules, shared by every layer that answers a client.
+pub mod err {
+    pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    pub const NOTOWNER: &str = "NOTOWNER the owner does not hold this lock";
+    pub const UPGRADE: &str =
+        "ERR the owner holds READ: upgrading to WRITE would deadlock, release READ first";
+    pub const HOLD_OVERFLOW: &str = "ERR the owner's hold count would overflow";
+    pub const TOKENS_EXHAUSTED: &str =
+        "ERR no fencing token left in range: the clock or the token counter is out of range";
+    pub const INVALID_STATE: &str = "ERR invalid lock state";
+    pub const INVALID_DELTA: &str = "ERR invalid lock delta";
+}
 
 /// The lock family a key belongs to. Stored in the value, so a command of one
 /// family on a key of another replies WRONGTYPE.

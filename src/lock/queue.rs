@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Admission, Kind, LockState, Mode};
+use super::{err, Admission, Delta, Kind, LockState, Mode};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiter {
@@ -11,6 +11,17 @@ pub struct Waiter {
     pub owner: Vec<u8>,
     pub mode: Mode,
     pub lease_ms: i64,
+    /// Absolute unix ms of the end of its BLOCK time (0: waits forever). Past
+    /// it the waiter is never granted, even if nobody has answered it yet.
+    pub deadline: i64,
+}
+
+impl Waiter {
+    /// Whether its BLOCK time has run out at `now` (a timeout is due once the
+    /// deadline millisecond is over, as Redis times out blocked clients).
+    pub fn timed_out(&self, now: i64) -> bool {
+        self.deadline != 0 && self.deadline < now
+    }
 }
 
 /// What serving the queue decided for one waiter.
@@ -20,8 +31,15 @@ pub enum Served {
         id: u64,
         token: u64,
     },
-    /// Its owner came to hold READ while it waited for WRITE: an upgrade, refused.
+    /// Answered with an error instead: its owner came to hold READ while it
+    /// waited for WRITE (an upgrade), or the grant itself was refused.
     Refused {
+        id: u64,
+        error: &'static str,
+    },
+    /// Its BLOCK time ran out before it could be served (the server was busy
+    /// or frozen): it is answered as a timeout, never granted.
+    TimedOut {
         id: u64,
     },
 }
@@ -48,6 +66,35 @@ impl WaitQueue {
         self.entries.insert(waiter.id, waiter);
     }
 
+    /// Sets the BLOCK deadline of a queued waiter (known once it is parked).
+    pub fn set_deadline(&mut self, id: u64, deadline: i64) {
+        if let Some(w) = self.entries.get_mut(&id) {
+            w.deadline = deadline;
+        }
+    }
+
+    /// Drops the waiters at the head whose BLOCK time ran out at `now`.
+    pub fn drop_timed_out(&mut self, now: i64) -> Vec<Served> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.entries.first_entry() {
+            if !entry.get().timed_out(now) {
+                break;
+            }
+            out.push(Served::TimedOut {
+                id: entry.remove().id,
+            });
+        }
+        out
+    }
+
+    /// Whether serving now would hand the lock to (or answer) the head.
+    pub fn head_admissible(&self, lock: &LockState) -> bool {
+        self.entries
+            .values()
+            .next()
+            .is_some_and(|h| !matches!(lock.admit(&h.owner, h.mode), Admission::Busy))
+    }
+
     pub fn remove(&mut self, id: u64) -> Option<Waiter> {
         self.entries.remove(&id)
     }
@@ -71,24 +118,39 @@ impl WaitQueue {
     /// Hands the lock to waiters in arrival order for as long as the head is
     /// compatible with the holders. Nobody overtakes an incompatible head, so a
     /// queued writer stops later readers; a run of readers at the head enters together.
+    /// A head whose BLOCK time ran out is dropped (`TimedOut`), never granted.
     pub fn serve(
         &mut self,
         lock: &mut LockState,
         now: i64,
-        issue: &mut dyn FnMut() -> u64,
+        issue: &mut dyn FnMut() -> Option<u64>,
+        delta: &mut Delta,
     ) -> Vec<Served> {
         let mut served = Vec::new();
-        while let Some(mut entry) = self.entries.first_entry() {
-            let head = entry.get_mut();
-            match lock.admit(&head.owner, head.mode) {
-                Admission::Busy => break,
-                Admission::Upgrade => served.push(Served::Refused { id: head.id }),
-                Admission::Fresh | Admission::Reentrant => {
-                    let deadline = now.saturating_add(head.lease_ms);
-                    let token = lock.grant(&head.owner, head.mode, deadline, issue);
-                    served.push(Served::Granted { id: head.id, token });
+        while let Some(entry) = self.entries.first_entry() {
+            let head = entry.get();
+            let outcome = if head.timed_out(now) {
+                Served::TimedOut { id: head.id }
+            } else {
+                match lock.admit(&head.owner, head.mode) {
+                    Admission::Busy => break,
+                    Admission::Upgrade => Served::Refused {
+                        id: head.id,
+                        error: err::UPGRADE,
+                    },
+                    Admission::Fresh | Admission::Reentrant => {
+                        let deadline = now.saturating_add(head.lease_ms);
+                        match lock.grant(&head.owner, head.mode, deadline, issue, delta) {
+                            Ok(token) => Served::Granted { id: head.id, token },
+                            Err(refused) => Served::Refused {
+                                id: head.id,
+                                error: refused.0,
+                            },
+                        }
+                    }
                 }
-            }
+            };
+            served.push(outcome);
             entry.remove();
         }
         served
@@ -105,6 +167,7 @@ mod tests {
             owner: owner.as_bytes().to_vec(),
             mode,
             lease_ms: 1000,
+            deadline: 0,
         }
     }
 
@@ -112,7 +175,9 @@ mod tests {
         served
             .iter()
             .map(|s| match s {
-                Served::Granted { id, .. } | Served::Refused { id } => *id,
+                Served::Granted { id, .. }
+                | Served::Refused { id, .. }
+                | Served::TimedOut { id } => *id,
             })
             .collect()
     }
@@ -124,21 +189,27 @@ mod tests {
         let mut next = 0;
         let mut issue = || {
             next += 1;
-            next
+            Some(next)
         };
-        lock.grant(b"holder", Mode::Write, 10, &mut issue);
+        lock.grant(b"holder", Mode::Write, 10, &mut issue, &mut Delta::off())
+            .unwrap();
         for (id, o) in [(1, "a"), (2, "b"), (3, "c")] {
             q.push(waiter(id, o, Mode::Write));
         }
-        assert!(q.serve(&mut lock, 5, &mut issue).is_empty());
-        lock.release(b"holder", Mode::Write).unwrap();
-        let served = q.serve(&mut lock, 5, &mut issue);
+        assert!(q
+            .serve(&mut lock, 5, &mut issue, &mut Delta::off())
+            .is_empty());
+        lock.release(b"holder", Mode::Write, &mut Delta::off())
+            .unwrap();
+        let served = q.serve(&mut lock, 5, &mut issue, &mut Delta::off());
         assert_eq!(ids(&served), vec![1]);
-        assert_eq!(lock.holders[0].owner, b"a");
-        assert_eq!(lock.holders[0].deadline, 1005);
+        assert_eq!(lock.holder(b"a").unwrap().deadline, 1005);
         q.remove(2);
-        lock.release(b"a", Mode::Write).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 6, &mut issue)), vec![3]);
+        lock.release(b"a", Mode::Write, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 6, &mut issue, &mut Delta::off())),
+            vec![3]
+        );
         assert!(q.is_empty());
     }
 
@@ -149,34 +220,106 @@ mod tests {
         let mut next = 0;
         let mut issue = || {
             next += 1;
-            next
+            Some(next)
         };
-        lock.grant(b"w0", Mode::Write, 10, &mut issue);
+        lock.grant(b"w0", Mode::Write, 10, &mut issue, &mut Delta::off())
+            .unwrap();
         q.push(waiter(1, "r1", Mode::Read));
         q.push(waiter(2, "r2", Mode::Read));
         q.push(waiter(3, "w1", Mode::Write));
         q.push(waiter(4, "r3", Mode::Read));
-        lock.release(b"w0", Mode::Write).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 0, &mut issue)), vec![1, 2]);
+        lock.release(b"w0", Mode::Write, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 0, &mut issue, &mut Delta::off())),
+            vec![1, 2]
+        );
         assert_eq!(q.head_id(), Some(3));
-        lock.release(b"r1", Mode::Read).unwrap();
-        assert!(q.serve(&mut lock, 0, &mut issue).is_empty());
-        lock.release(b"r2", Mode::Read).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 0, &mut issue)), vec![3]);
-        lock.release(b"w1", Mode::Write).unwrap();
-        assert_eq!(ids(&q.serve(&mut lock, 0, &mut issue)), vec![4]);
+        lock.release(b"r1", Mode::Read, &mut Delta::off()).unwrap();
+        assert!(q
+            .serve(&mut lock, 0, &mut issue, &mut Delta::off())
+            .is_empty());
+        lock.release(b"r2", Mode::Read, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 0, &mut issue, &mut Delta::off())),
+            vec![3]
+        );
+        lock.release(b"w1", Mode::Write, &mut Delta::off()).unwrap();
+        assert_eq!(
+            ids(&q.serve(&mut lock, 0, &mut issue, &mut Delta::off())),
+            vec![4]
+        );
     }
 
     #[test]
     fn queued_upgrade_is_refused_not_granted() {
         let mut lock = LockState::new(Kind::ReadWrite);
         let mut q = WaitQueue::new(Kind::ReadWrite);
-        let mut issue = || 1;
-        lock.grant(b"a", Mode::Read, 10, &mut issue);
+        let mut issue = || Some(1);
+        lock.grant(b"a", Mode::Read, 10, &mut issue, &mut Delta::off())
+            .unwrap();
         q.push(waiter(1, "a", Mode::Write));
         q.push(waiter(2, "b", Mode::Read));
-        let served = q.serve(&mut lock, 0, &mut issue);
-        assert_eq!(served[0], Served::Refused { id: 1 });
+        let served = q.serve(&mut lock, 0, &mut issue, &mut Delta::off());
+        assert_eq!(
+            served[0],
+            Served::Refused {
+                id: 1,
+                error: err::UPGRADE
+            }
+        );
         assert!(matches!(served[1], Served::Granted { id: 2, .. }));
+    }
+
+    #[test]
+    fn waiter_past_its_block_deadline_is_never_granted() {
+        let mut lock = LockState::new(Kind::Reentrant);
+        let mut q = WaitQueue::new(Kind::Reentrant);
+        let mut next = 0;
+        let mut issue = || {
+            next += 1;
+            Some(next)
+        };
+        lock.grant(b"holder", Mode::Write, 10, &mut issue, &mut Delta::off())
+            .unwrap();
+        // a's BLOCK ran out at 100; b's at 300; c waits forever.
+        for (id, o, deadline) in [(1, "a", 100), (2, "b", 300), (3, "c", 0)] {
+            let mut w = waiter(id, o, Mode::Write);
+            w.deadline = deadline;
+            q.push(w);
+        }
+        lock.release(b"holder", Mode::Write, &mut Delta::off())
+            .unwrap();
+        // The server catches up at 200 (frozen meanwhile): a is past its
+        // deadline and is answered as a timeout; b, still in time, gets the lock.
+        let served = q.serve(&mut lock, 200, &mut issue, &mut Delta::off());
+        assert_eq!(served[0], Served::TimedOut { id: 1 });
+        assert!(matches!(served[1], Served::Granted { id: 2, .. }));
+        assert_eq!(served.len(), 2);
+        assert!(lock.holder(b"b").is_some());
+        // Its deadline millisecond itself still counts as in time.
+        let mut w = waiter(4, "d", Mode::Write);
+        w.deadline = 500;
+        q.push(w);
+        lock.release(b"b", Mode::Write, &mut Delta::off()).unwrap();
+        assert!(matches!(
+            q.serve(&mut lock, 200, &mut issue, &mut Delta::off())[0],
+            Served::Granted { id: 3, .. }
+        ));
+        lock.release(b"c", Mode::Write, &mut Delta::off()).unwrap();
+        assert!(matches!(
+            q.serve(&mut lock, 500, &mut issue, &mut Delta::off())[0],
+            Served::Granted { id: 4, .. }
+        ));
+        // Frozen past everybody's deadline: nobody is granted, the lock stays free.
+        let mut w = waiter(5, "e", Mode::Write);
+        w.deadline = 600;
+        q.push(w);
+        lock.release(b"d", Mode::Write, &mut Delta::off()).unwrap();
+        assert_eq!(
+            q.serve(&mut lock, 601, &mut issue, &mut Delta::off()),
+            vec![Served::TimedOut { id: 5 }]
+        );
+        assert!(lock.is_free());
+        assert!(q.is_empty());
     }
 }

@@ -1,29 +1,41 @@
 //! Who holds a lock, in which mode, until when, and with which fencing token.
+//!
+//! The holder set has two encodings, as Redis's hashes do (listpack ->
+//! hashtable): a lock with one holder keeps it inline; a lock with more holders
+//! (read-write locks with several readers) keeps an index by token, by owner and
+//! by deadline, so a change to one holder costs O(log n) whatever the count.
+//! The index goes back to inline when one holder is left.
+//!
+//! Every change is also written to a `Delta` (when it records), the effect a
+//! master replicates; `replay` applies a delta on a replica or from the AOF.
 
-use super::{Kind, Mode};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::delta::{Delta, Op};
+use super::{err, Kind, Mode, Owner};
 
 /// One owner's tenure on a lock. The token is fixed for the whole tenure; the
 /// deadline is per holder, so one reader's lease never moves another's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
-    pub owner: Vec<u8>,
-    pub reads: u64,
-    pub writes: u64,
+    pub owner: Owner,
     pub token: u64,
     /// Last unix millisecond at which the hold is valid (expired once `now > deadline`,
     /// the same rule Redis applies to key TTLs).
     pub deadline: i64,
+    pub reads: u32,
+    pub writes: u32,
 }
 
 impl Holder {
-    pub fn holds(&self, mode: Mode) -> u64 {
+    pub fn holds(&self, mode: Mode) -> u32 {
         match mode {
             Mode::Read => self.reads,
             Mode::Write => self.writes,
         }
     }
 
-    fn holds_mut(&mut self, mode: Mode) -> &mut u64 {
+    fn holds_mut(&mut self, mode: Mode) -> &mut u32 {
         match mode {
             Mode::Read => &mut self.reads,
             Mode::Write => &mut self.writes,
@@ -47,35 +59,123 @@ pub enum Admission {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NotOwner;
 
+/// A grant that cannot be made: the reply is this error and nothing changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused(pub &'static str);
+
+/// Many holders: each change finds its holder by owner or token and keeps the
+/// deadline order, in O(log n).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Index {
+    by_token: BTreeMap<u64, Holder>,
+    by_owner: HashMap<Owner, u64>,
+    by_deadline: BTreeSet<(i64, u64)>,
+}
+
+impl Index {
+    fn insert(&mut self, h: Holder) {
+        self.by_owner.insert(h.owner.clone(), h.token);
+        self.by_deadline.insert((h.deadline, h.token));
+        self.by_token.insert(h.token, h);
+    }
+
+    fn remove(&mut self, token: u64) -> Option<Holder> {
+        let h = self.by_token.remove(&token)?;
+        self.by_owner.remove(&h.owner);
+        self.by_deadline.remove(&(h.deadline, token));
+        Some(h)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Holders {
+    Empty,
+    One(Holder),
+    Many(Box<Index>),
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockState {
-    pub kind: Kind,
-    pub holders: Vec<Holder>,
+    kind: Kind,
+    holders: Holders,
 }
 
 impl LockState {
     pub fn new(kind: Kind) -> Self {
         LockState {
             kind,
-            holders: Vec::new(),
+            holders: Holders::Empty,
         }
     }
 
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
     pub fn is_free(&self) -> bool {
-        self.holders.is_empty()
+        matches!(self.holders, Holders::Empty)
+    }
+
+    pub fn holder_count(&self) -> usize {
+        match &self.holders {
+            Holders::Empty => 0,
+            Holders::One(_) => 1,
+            Holders::Many(ix) => ix.by_token.len(),
+        }
+    }
+
+    /// Whether the holders are kept in the index (more than one holder).
+    pub fn is_indexed(&self) -> bool {
+        matches!(self.holders, Holders::Many(_))
+    }
+
+    /// Holders in token order (grant order).
+    pub fn iter(&self) -> Box<dyn Iterator<Item = &Holder> + '_> {
+        match &self.holders {
+            Holders::Empty => Box::new(std::iter::empty()),
+            Holders::One(h) => Box::new(std::iter::once(h)),
+            Holders::Many(ix) => Box::new(ix.by_token.values()),
+        }
     }
 
     pub fn holder(&self, owner: &[u8]) -> Option<&Holder> {
-        self.holders.iter().find(|h| h.owner == owner)
+        match &self.holders {
+            Holders::One(h) if *h.owner == *owner => Some(h),
+            Holders::Many(ix) => ix.by_owner.get(owner).and_then(|t| ix.by_token.get(t)),
+            _ => None,
+        }
     }
 
-    fn position(&self, owner: &[u8]) -> Option<usize> {
-        self.holders.iter().position(|h| h.owner == owner)
+    pub fn by_token(&self, token: u64) -> Option<&Holder> {
+        match &self.holders {
+            Holders::One(h) if h.token == token => Some(h),
+            Holders::Many(ix) => ix.by_token.get(&token),
+            _ => None,
+        }
     }
 
-    /// The holder with WRITE holds, if any.
+    /// The holder with WRITE holds, if any. A writer is always the only holder.
     pub fn writer(&self) -> Option<&Holder> {
-        self.holders.iter().find(|h| h.writes > 0)
+        match &self.holders {
+            Holders::One(h) if h.writes > 0 => Some(h),
+            _ => None,
+        }
+    }
+
+    pub fn earliest_deadline(&self) -> Option<i64> {
+        match &self.holders {
+            Holders::Empty => None,
+            Holders::One(h) => Some(h.deadline),
+            Holders::Many(ix) => ix.by_deadline.first().map(|(d, _)| *d),
+        }
+    }
+
+    pub fn latest_deadline(&self) -> Option<i64> {
+        match &self.holders {
+            Holders::Empty => None,
+            Holders::One(h) => Some(h.deadline),
+            Holders::Many(ix) => ix.by_deadline.last().map(|(d, _)| *d),
+        }
     }
 
     pub fn admit(&self, owner: &[u8], mode: Mode) -> Admission {
@@ -86,7 +186,7 @@ impl LockState {
             };
         }
         let compatible = match mode {
-            Mode::Write => self.holders.is_empty(),
+            Mode::Write => self.is_free(),
             Mode::Read => self.writer().is_none(),
         };
         if compatible {
@@ -98,77 +198,369 @@ impl LockState {
 
     /// Adds one hold of `mode` for `owner` and resets its lease to `deadline`.
     /// A new holder takes a fresh token from `issue`; an existing one keeps its own.
+    /// The caller has checked `admit`.
     pub fn grant(
         &mut self,
         owner: &[u8],
         mode: Mode,
         deadline: i64,
-        issue: &mut dyn FnMut() -> u64,
-    ) -> u64 {
-        let holder = match self.position(owner) {
-            Some(i) => &mut self.holders[i],
-            None => {
-                // Most locks have one holder: a first push would reserve four.
-                if self.holders.is_empty() {
-                    self.holders.reserve_exact(1);
-                }
-                self.holders.push(Holder {
-                    owner: owner.to_vec(),
-                    reads: 0,
-                    writes: 0,
-                    token: issue(),
-                    deadline,
-                });
-                self.holders.last_mut().expect("just pushed")
-            }
+        issue: &mut dyn FnMut() -> Option<u64>,
+        delta: &mut Delta,
+    ) -> Result<u64, Refused> {
+        if let Some(token) = self.holder(owner).map(|h| h.token) {
+            self.add_hold(token, mode, deadline)?;
+            delta.hold(token, mode, deadline);
+            return Ok(token);
+        }
+        let token = issue().ok_or(Refused(err::TOKENS_EXHAUSTED))?;
+        let mut holder = Holder {
+            owner: owner.into(),
+            token,
+            deadline,
+            reads: 0,
+            writes: 0,
         };
-        *holder.holds_mut(mode) += 1;
-        holder.deadline = deadline;
-        holder.token
+        *holder.holds_mut(mode) = 1;
+        self.insert(holder);
+        delta.new_holder(mode, token, deadline, owner);
+        Ok(token)
     }
 
     /// Drops one hold of `mode`. Returns the owner's remaining holds of that mode
     /// and whether the owner's tenure ended (no holds of any mode left).
-    pub fn release(&mut self, owner: &[u8], mode: Mode) -> Result<(u64, bool), NotOwner> {
-        let i = self.position(owner).ok_or(NotOwner)?;
-        let holder = &mut self.holders[i];
-        let count = holder.holds_mut(mode);
-        if *count == 0 {
+    pub fn release(
+        &mut self,
+        owner: &[u8],
+        mode: Mode,
+        delta: &mut Delta,
+    ) -> Result<(u32, bool), NotOwner> {
+        let h = self.holder(owner).ok_or(NotOwner)?;
+        if h.holds(mode) == 0 {
             return Err(NotOwner);
         }
-        *count -= 1;
-        let remaining = *count;
-        let ended = holder.reads == 0 && holder.writes == 0;
-        if ended {
-            self.holders.remove(i);
-        }
-        Ok((remaining, ended))
+        let token = h.token;
+        delta.release(token, mode);
+        Ok(self.drop_hold(token, mode))
     }
 
-    pub fn renew(&mut self, owner: &[u8], deadline: i64) -> Result<(), NotOwner> {
-        let i = self.position(owner).ok_or(NotOwner)?;
-        self.holders[i].deadline = deadline;
+    pub fn renew(
+        &mut self,
+        owner: &[u8],
+        deadline: i64,
+        delta: &mut Delta,
+    ) -> Result<(), NotOwner> {
+        let token = self.holder(owner).ok_or(NotOwner)?.token;
+        self.modify(token, |h| h.deadline = deadline);
+        delta.renew(token, deadline);
         Ok(())
     }
 
     /// Ends every hold; returns how many holders there were.
-    pub fn force(&mut self) -> usize {
-        std::mem::take(&mut self.holders).len()
+    pub fn force(&mut self, delta: &mut Delta) -> usize {
+        let n = self.holder_count();
+        if n > 0 {
+            delta.force();
+        }
+        self.holders = Holders::Empty;
+        n
     }
 
-    /// Ends the holds whose lease ran out before `now`; returns how many.
-    pub fn expire(&mut self, now: i64) -> usize {
-        let before = self.holders.len();
-        self.holders.retain(|h| h.deadline >= now);
-        before - self.holders.len()
+    /// Ends the holds whose lease ran out before `now`, earliest first; returns how many.
+    pub fn expire(&mut self, now: i64, delta: &mut Delta) -> usize {
+        let mut n = 0;
+        while let Some(d) = self.earliest_deadline() {
+            if d >= now {
+                break;
+            }
+            let token = match &self.holders {
+                Holders::One(h) => h.token,
+                Holders::Many(ix) => ix.by_deadline.first().expect("non-empty").1,
+                Holders::Empty => unreachable!("has a deadline"),
+            };
+            self.remove(token);
+            delta.end(token);
+            n += 1;
+        }
+        n
     }
 
-    pub fn earliest_deadline(&self) -> Option<i64> {
-        self.holders.iter().map(|h| h.deadline).min()
+    /// One more hold for an existing holder, lease reset.
+    fn add_hold(&mut self, token: u64, mode: Mode, deadline: i64) -> Result<(), Refused> {
+        self.modify(token, |h| {
+            let n = h
+                .holds(mode)
+                .checked_add(1)
+                .ok_or(Refused(err::HOLD_OVERFLOW))?;
+            *h.holds_mut(mode) = n;
+            h.deadline = deadline;
+            Ok(())
+        })
+        .unwrap_or(Err(Refused(err::INVALID_DELTA)))
     }
 
-    pub fn latest_deadline(&self) -> Option<i64> {
-        self.holders.iter().map(|h| h.deadline).max()
+    fn drop_hold(&mut self, token: u64, mode: Mode) -> (u32, bool) {
+        let (remaining, ended) = self
+            .modify(token, |h| {
+                *h.holds_mut(mode) -= 1;
+                (h.holds(mode), h.reads == 0 && h.writes == 0)
+            })
+            .expect("holder exists");
+        if ended {
+            self.remove(token);
+        }
+        (remaining, ended)
+    }
+
+    /// Changes one holder in place, keeping the deadline order.
+    fn modify<R>(&mut self, token: u64, f: impl FnOnce(&mut Holder) -> R) -> Option<R> {
+        match &mut self.holders {
+            Holders::One(h) if h.token == token => Some(f(h)),
+            Holders::Many(ix) => {
+                let h = ix.by_token.get_mut(&token)?;
+                let before = h.deadline;
+                let out = f(h);
+                if h.deadline != before {
+                    let after = h.deadline;
+                    ix.by_deadline.remove(&(before, token));
+                    ix.by_deadline.insert((after, token));
+                }
+                Some(out)
+            }
+            _ => None,
+        }
+    }
+
+    fn insert(&mut self, h: Holder) {
+        self.holders = match std::mem::replace(&mut self.holders, Holders::Empty) {
+            Holders::Empty => Holders::One(h),
+            Holders::One(first) => {
+                let mut ix = Box::<Index>::default();
+                ix.insert(first);
+                ix.insert(h);
+                Holders::Many(ix)
+            }
+            Holders::Many(mut ix) => {
+                ix.insert(h);
+                Holders::Many(ix)
+            }
+        };
+    }
+
+    fn remove(&mut self, token: u64) -> Option<Holder> {
+        match &mut self.holders {
+            Holders::One(h) if h.token == token => {
+                match std::mem::replace(&mut self.holders, Holders::Empty) {
+                    Holders::One(h) => Some(h),
+                    _ => unreachable!(),
+                }
+            }
+            Holders::Many(ix) => {
+                let removed = ix.remove(token)?;
+                if ix.by_token.len() == 1 {
+                    let (_, last) = ix.by_token.pop_first().expect("one left");
+                    self.holders = Holders::One(last);
+                }
+                Some(removed)
+            }
+            _ => None,
+        }
+    }
+
+    /// A whole state from a loader (RDB, RESTORE, RLOCK.SETSTATE): the rules the
+    /// commands keep, checked once for every way a state can arrive.
+    pub fn from_holders(
+        kind: Kind,
+        holders: impl IntoIterator<Item = Holder>,
+        max_token: u64,
+    ) -> Result<LockState, &'static str> {
+        let mut state = LockState::new(kind);
+        for h in holders {
+            if !state.fits(&h, max_token) {
+                return Err(err::INVALID_STATE);
+            }
+            state.insert(h);
+        }
+        if state.is_free() {
+            return Err(err::INVALID_STATE);
+        }
+        Ok(state)
+    }
+
+    /// Whether `h` may join the current holders as it is: the rules every
+    /// state the commands make keeps (one holder for exclusive families, a
+    /// writer alone, distinct owners and tokens, at least one hold, ranges).
+    fn fits(&self, h: &Holder, max_token: u64) -> bool {
+        !(h.owner.is_empty()
+            || h.reads as u64 + h.writes as u64 == 0
+            || (self.kind != Kind::ReadWrite && h.reads != 0)
+            || !(1..=max_token).contains(&h.token)
+            || h.deadline < 0
+            || self.holder(&h.owner).is_some()
+            || self.by_token(h.token).is_some()
+            || (!self.is_free() && (self.kind != Kind::ReadWrite || h.writes > 0))
+            || self.writer().is_some())
+    }
+
+    /// Applies a replicated delta. All or nothing: on the first invalid step
+    /// everything already applied is undone and the state is as it was.
+    pub fn replay(&mut self, ops: &[Op], max_token: u64) -> Result<(), &'static str> {
+        let mut undo = Vec::new();
+        for op in ops {
+            if let Err(e) = self.replay_one(op, max_token, &mut undo) {
+                for u in undo.into_iter().rev() {
+                    self.undo(u);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn replay_one(
+        &mut self,
+        op: &Op,
+        max_token: u64,
+        undo: &mut Vec<Undo>,
+    ) -> Result<(), &'static str> {
+        let bad = err::INVALID_DELTA;
+        let mut off = Delta::off();
+        match *op {
+            Op::New {
+                mode,
+                token,
+                deadline,
+                owner,
+            } => {
+                let fits = self.mode_allowed(mode)
+                    && !owner.is_empty()
+                    && (1..=max_token).contains(&token)
+                    && deadline >= 0
+                    && self.by_token(token).is_none()
+                    && self.admit(owner, mode) == Admission::Fresh;
+                if !fits {
+                    return Err(bad);
+                }
+                self.grant(owner, mode, deadline, &mut || Some(token), &mut off)
+                    .map_err(|_| bad)?;
+                undo.push(Undo::Remove(token));
+            }
+            Op::Hold {
+                token,
+                mode,
+                deadline,
+            } => {
+                let h = self.by_token(token).ok_or(bad)?;
+                let upgrade = self.kind == Kind::ReadWrite && mode == Mode::Write && h.writes == 0;
+                if !self.mode_allowed(mode) || deadline < 0 || upgrade {
+                    return Err(bad);
+                }
+                let before = Undo::counts(h);
+                self.add_hold(token, mode, deadline).map_err(|_| bad)?;
+                undo.push(before);
+            }
+            Op::Release { token, mode } => {
+                let h = self.by_token(token).ok_or(bad)?;
+                if h.holds(mode) == 0 {
+                    return Err(bad);
+                }
+                if h.reads + h.writes == 1 {
+                    undo.push(Undo::Restore(self.remove(token).expect("present")));
+                } else {
+                    undo.push(Undo::counts(h));
+                    self.drop_hold(token, mode);
+                }
+            }
+            Op::Renew { token, deadline } => {
+                let h = self.by_token(token).ok_or(bad)?;
+                if deadline < 0 {
+                    return Err(bad);
+                }
+                undo.push(Undo::counts(h));
+                self.modify(token, |h| h.deadline = deadline);
+            }
+            Op::End { token } => {
+                let h = self.remove(token).ok_or(bad)?;
+                undo.push(Undo::Restore(h));
+            }
+            Op::Whole {
+                token,
+                deadline,
+                reads,
+                writes,
+                owner,
+            } => {
+                let holder = Holder {
+                    owner: owner.into(),
+                    token,
+                    deadline,
+                    reads,
+                    writes,
+                };
+                if !self.fits(&holder, max_token) {
+                    return Err(bad);
+                }
+                self.insert(holder);
+                undo.push(Undo::Remove(token));
+            }
+            Op::Force => {
+                if self.is_free() {
+                    return Err(bad);
+                }
+                let all = std::mem::replace(&mut self.holders, Holders::Empty);
+                undo.push(Undo::Holders(all));
+            }
+        }
+        Ok(())
+    }
+
+    fn mode_allowed(&self, mode: Mode) -> bool {
+        mode == Mode::Write || self.kind == Kind::ReadWrite
+    }
+
+    fn undo(&mut self, u: Undo) {
+        match u {
+            Undo::Remove(token) => {
+                self.remove(token);
+            }
+            Undo::Restore(h) => self.insert(h),
+            Undo::Counts {
+                token,
+                reads,
+                writes,
+                deadline,
+            } => {
+                self.modify(token, |h| {
+                    h.reads = reads;
+                    h.writes = writes;
+                    h.deadline = deadline;
+                });
+            }
+            Undo::Holders(all) => self.holders = all,
+        }
+    }
+}
+
+/// How to take back one replayed step.
+enum Undo {
+    Remove(u64),
+    Restore(Holder),
+    Counts {
+        token: u64,
+        reads: u32,
+        writes: u32,
+        deadline: i64,
+    },
+    Holders(Holders),
+}
+
+impl Undo {
+    fn counts(h: &Holder) -> Undo {
+        Undo::Counts {
+            token: h.token,
+            reads: h.reads,
+            writes: h.writes,
+            deadline: h.deadline,
+        }
     }
 }
 
@@ -176,45 +568,62 @@ impl LockState {
 mod tests {
     use super::*;
 
-    fn counter(start: u64) -> impl FnMut() -> u64 {
+    fn counter(start: u64) -> impl FnMut() -> Option<u64> {
         let mut next = start;
         move || {
             next += 1;
-            next
+            Some(next)
         }
+    }
+
+    fn off() -> Delta {
+        Delta::off()
     }
 
     #[test]
     fn reentrant_grant_keeps_token_and_counts_holds() {
         let mut s = LockState::new(Kind::Reentrant);
         let mut issue = counter(10);
+        let d = &mut off();
         assert_eq!(s.admit(b"a", Mode::Write), Admission::Fresh);
-        assert_eq!(s.grant(b"a", Mode::Write, 100, &mut issue), 11);
+        assert_eq!(s.grant(b"a", Mode::Write, 100, &mut issue, d), Ok(11));
         assert_eq!(s.admit(b"a", Mode::Write), Admission::Reentrant);
-        assert_eq!(s.grant(b"a", Mode::Write, 200, &mut issue), 11);
-        assert_eq!(s.holders[0].writes, 2);
-        assert_eq!(s.holders[0].deadline, 200);
+        assert_eq!(s.grant(b"a", Mode::Write, 200, &mut issue, d), Ok(11));
+        assert_eq!(s.holder(b"a").unwrap().writes, 2);
+        assert_eq!(s.holder(b"a").unwrap().deadline, 200);
         assert_eq!(s.admit(b"b", Mode::Write), Admission::Busy);
-        assert_eq!(s.release(b"a", Mode::Write), Ok((1, false)));
-        assert_eq!(s.release(b"a", Mode::Write), Ok((0, true)));
+        assert_eq!(s.release(b"a", Mode::Write, d), Ok((1, false)));
+        assert_eq!(s.release(b"a", Mode::Write, d), Ok((0, true)));
         assert!(s.is_free());
-        assert_eq!(s.release(b"a", Mode::Write), Err(NotOwner));
+        assert_eq!(s.release(b"a", Mode::Write, d), Err(NotOwner));
     }
 
     #[test]
-    fn a_single_holder_takes_room_for_one() {
+    fn grants_are_refused_rather_than_overflowing() {
         let mut s = LockState::new(Kind::Reentrant);
-        s.grant(b"a", Mode::Write, 1, &mut || 1);
-        assert_eq!(s.holders.capacity(), 1);
+        let d = &mut off();
+        assert_eq!(
+            s.grant(b"a", Mode::Write, 1, &mut || None, d),
+            Err(Refused(err::TOKENS_EXHAUSTED))
+        );
+        assert!(s.is_free());
+        s.grant(b"a", Mode::Write, 1, &mut || Some(1), d).unwrap();
+        s.modify(1, |h| h.writes = u32::MAX);
+        assert_eq!(
+            s.grant(b"a", Mode::Write, 2, &mut || Some(2), d),
+            Err(Refused(err::HOLD_OVERFLOW))
+        );
+        assert_eq!(s.holder(b"a").unwrap().deadline, 1);
     }
 
     #[test]
     fn new_tenure_gets_new_token() {
         let mut s = LockState::new(Kind::Fair);
         let mut issue = counter(0);
-        let t1 = s.grant(b"a", Mode::Write, 100, &mut issue);
-        s.release(b"a", Mode::Write).unwrap();
-        let t2 = s.grant(b"a", Mode::Write, 100, &mut issue);
+        let d = &mut off();
+        let t1 = s.grant(b"a", Mode::Write, 100, &mut issue, d).unwrap();
+        s.release(b"a", Mode::Write, d).unwrap();
+        let t2 = s.grant(b"a", Mode::Write, 100, &mut issue, d).unwrap();
         assert!(t2 > t1);
     }
 
@@ -222,15 +631,18 @@ mod tests {
     fn readers_share_writer_excludes() {
         let mut s = LockState::new(Kind::ReadWrite);
         let mut issue = counter(0);
-        s.grant(b"r1", Mode::Read, 100, &mut issue);
+        let d = &mut off();
+        s.grant(b"r1", Mode::Read, 100, &mut issue, d).unwrap();
         assert_eq!(s.admit(b"r2", Mode::Read), Admission::Fresh);
-        s.grant(b"r2", Mode::Read, 50, &mut issue);
+        s.grant(b"r2", Mode::Read, 50, &mut issue, d).unwrap();
+        assert!(s.is_indexed());
         assert_eq!(s.admit(b"w", Mode::Write), Admission::Busy);
         assert_eq!(s.admit(b"r1", Mode::Write), Admission::Upgrade);
-        assert_eq!(s.release(b"r1", Mode::Read), Ok((0, true)));
-        assert_eq!(s.release(b"r2", Mode::Read), Ok((0, true)));
+        assert_eq!(s.release(b"r1", Mode::Read, d), Ok((0, true)));
+        assert!(!s.is_indexed(), "back to inline with one holder");
+        assert_eq!(s.release(b"r2", Mode::Read, d), Ok((0, true)));
         assert_eq!(s.admit(b"w", Mode::Write), Admission::Fresh);
-        s.grant(b"w", Mode::Write, 100, &mut issue);
+        s.grant(b"w", Mode::Write, 100, &mut issue, d).unwrap();
         assert_eq!(s.admit(b"r1", Mode::Read), Admission::Busy);
         assert_eq!(s.admit(b"w", Mode::Read), Admission::Reentrant);
     }
@@ -239,28 +651,117 @@ mod tests {
     fn writer_downgrades_by_releasing_write() {
         let mut s = LockState::new(Kind::ReadWrite);
         let mut issue = counter(0);
-        let t = s.grant(b"w", Mode::Write, 100, &mut issue);
-        assert_eq!(s.grant(b"w", Mode::Read, 100, &mut issue), t);
-        assert_eq!(s.release(b"w", Mode::Write), Ok((0, false)));
+        let d = &mut off();
+        let t = s.grant(b"w", Mode::Write, 100, &mut issue, d).unwrap();
+        assert_eq!(s.grant(b"w", Mode::Read, 100, &mut issue, d), Ok(t));
+        assert_eq!(s.release(b"w", Mode::Write, d), Ok((0, false)));
         assert!(s.writer().is_none());
         assert_eq!(s.admit(b"r", Mode::Read), Admission::Fresh);
-        assert_eq!(s.release(b"w", Mode::Write), Err(NotOwner));
+        assert_eq!(s.release(b"w", Mode::Write, d), Err(NotOwner));
     }
 
     #[test]
     fn expiry_is_per_holder_and_strict() {
         let mut s = LockState::new(Kind::ReadWrite);
         let mut issue = counter(0);
-        s.grant(b"r1", Mode::Read, 100, &mut issue);
-        s.grant(b"r2", Mode::Read, 200, &mut issue);
-        assert_eq!(s.expire(100), 0, "valid through its deadline millisecond");
-        assert_eq!(s.expire(101), 1);
-        assert_eq!(s.holders[0].owner, b"r2");
+        let d = &mut off();
+        s.grant(b"r1", Mode::Read, 100, &mut issue, d).unwrap();
+        s.grant(b"r2", Mode::Read, 200, &mut issue, d).unwrap();
+        assert_eq!(
+            s.expire(100, d),
+            0,
+            "valid through its deadline millisecond"
+        );
+        assert_eq!(s.expire(101, d), 1);
+        assert_eq!(s.iter().next().unwrap().owner.as_ref(), b"r2");
         assert_eq!(s.earliest_deadline(), Some(200));
-        assert_eq!(s.renew(b"r2", 300), Ok(()));
+        assert_eq!(s.renew(b"r2", 300, d), Ok(()));
         assert_eq!(s.latest_deadline(), Some(300));
-        assert_eq!(s.renew(b"r1", 300), Err(NotOwner));
-        assert_eq!(s.force(), 1);
+        assert_eq!(s.renew(b"r1", 300, d), Err(NotOwner));
+        assert_eq!(s.force(d), 1);
         assert!(s.is_free());
+    }
+
+    #[test]
+    fn many_holders_keep_deadline_order() {
+        let mut s = LockState::new(Kind::ReadWrite);
+        let mut issue = counter(0);
+        let d = &mut off();
+        for i in 0..1000i64 {
+            let owner = format!("r{i}");
+            s.grant(owner.as_bytes(), Mode::Read, 10_000 - i, &mut issue, d)
+                .unwrap();
+        }
+        assert_eq!(s.earliest_deadline(), Some(9001));
+        assert_eq!(s.latest_deadline(), Some(10_000));
+        s.renew(b"r999", 20_000, d).unwrap();
+        assert_eq!(s.earliest_deadline(), Some(9002));
+        assert_eq!(s.latest_deadline(), Some(20_000));
+        assert_eq!(s.expire(9500, d), 498);
+        assert_eq!(s.holder_count(), 502);
+        assert!(s.holder(b"r0").is_some() && s.holder(b"r998").is_none());
+    }
+
+    fn holder(owner: &str, token: u64, reads: u32, writes: u32) -> Holder {
+        Holder {
+            owner: owner.as_bytes().into(),
+            token,
+            deadline: 100,
+            reads,
+            writes,
+        }
+    }
+
+    #[test]
+    fn loaders_get_the_commands_rules() {
+        let ok = LockState::from_holders(
+            Kind::ReadWrite,
+            [holder("a", 1, 1, 0), holder("b", 2, 2, 0)],
+            10,
+        )
+        .unwrap();
+        assert_eq!(ok.holder_count(), 2);
+        let bad: Vec<(Kind, Vec<Holder>)> = vec![
+            (Kind::Reentrant, vec![]),
+            (
+                Kind::Reentrant,
+                vec![holder("a", 1, 0, 1), holder("b", 2, 0, 1)],
+            ),
+            (Kind::Reentrant, vec![holder("a", 1, 1, 0)]),
+            (Kind::Fair, vec![holder("a", 1, 0, 0)]),
+            (Kind::Fair, vec![holder("", 1, 0, 1)]),
+            (Kind::Fair, vec![holder("a", 0, 0, 1)]),
+            (Kind::Fair, vec![holder("a", 11, 0, 1)]),
+            (
+                Kind::ReadWrite,
+                vec![holder("a", 1, 1, 0), holder("a", 2, 1, 0)],
+            ),
+            (
+                Kind::ReadWrite,
+                vec![holder("a", 1, 1, 0), holder("b", 1, 1, 0)],
+            ),
+            (
+                Kind::ReadWrite,
+                vec![holder("a", 1, 1, 0), holder("b", 2, 0, 1)],
+            ),
+            (
+                Kind::ReadWrite,
+                vec![holder("a", 1, 0, 1), holder("b", 2, 1, 0)],
+            ),
+            (
+                Kind::ReadWrite,
+                vec![Holder {
+                    deadline: -1,
+                    ..holder("a", 1, 1, 0)
+                }],
+            ),
+        ];
+        for (kind, holders) in bad {
+            let shown = format!("{kind:?} {holders:?}");
+            assert!(
+                LockState::from_holders(kind, holders, 10).is_err(),
+                "{shown}"
+            );
+        }
     }
 }

@@ -11,7 +11,12 @@ use std::time::{Duration, Instant};
 
 pub use redis::{cmd, Connection, Value};
 
+/// The module under test: `target/release/librlock.so`, or `RLOCK_MODULE` (a
+/// path) to run the suites against another build, e.g. an older commit's.
 pub fn module_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("RLOCK_MODULE") {
+        return PathBuf::from(p);
+    }
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/librlock.so");
     assert!(
         p.exists(),
@@ -38,6 +43,25 @@ pub fn server_info(c: &mut Connection, field_name: &str) -> Option<String> {
     info.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .map(|v| v.trim().to_string())
+}
+
+/// Unix time in milliseconds (the clock the server's deadlines use).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// RESP encoding of one command, as the AOF stores it.
+pub fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend(format!("${}\r\n", a.len()).into_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
 }
 
 pub fn free_port() -> u16 {
@@ -88,6 +112,17 @@ impl Server {
     }
 
     fn spawn(&mut self, port: u16) {
+        if let Err((status, log)) = self.try_spawn(port) {
+            match status {
+                Some(status) => panic!("redis-server exited ({status}); log:\n{log}"),
+                None => panic!("redis-server did not start; log:\n{log}"),
+            }
+        }
+    }
+
+    /// Starts the server; when it exits instead of answering PING, gives back
+    /// its exit status and log (`None`: still running but not answering).
+    fn try_spawn(&mut self, port: u16) -> Result<(), (Option<std::process::ExitStatus>, String)> {
         self.port = port;
         let log = std::fs::File::create(self.dir.join("redis.log")).unwrap();
         let mut command = if valgrind() {
@@ -126,17 +161,16 @@ impl Server {
         loop {
             if let Ok(mut c) = self.try_client() {
                 if cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                    return Ok(());
                 }
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("redis-server exited ({status}); log:\n{}", self.log());
+                self.child = None;
+                return Err((Some(status), self.log()));
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start; log:\n{}",
-                self.log()
-            );
+            if Instant::now() >= deadline {
+                return Err((None, self.log()));
+            }
             sleep(Duration::from_millis(20));
         }
     }
@@ -191,6 +225,53 @@ impl Server {
         self.spawn(self.port);
     }
 
+    /// Like `start_again`, for a server that may refuse to start (a corrupt
+    /// RDB file): its exit status and log when it exited instead.
+    pub fn try_start_again(&mut self) -> Result<(), (Option<std::process::ExitStatus>, String)> {
+        assert!(self.child.is_none());
+        self.try_spawn(self.port)
+    }
+
+    /// A server that starts by loading `aof` (RESP commands) as its append-only file.
+    pub fn start_on_aof(aof: &[u8]) -> Server {
+        let mut s = Server::start_with(
+            &[
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--aof-use-rdb-preamble",
+                "no",
+            ],
+            &[],
+        );
+        s.kill();
+        std::fs::write(s.dir.join("appendonly.aof"), aof).unwrap();
+        s.start_again_with(&["--appendonly", "yes"]);
+        s
+    }
+
+    /// Like `start_again`, with extra server arguments from now on.
+    pub fn start_again_with(&mut self, extra: &[&str]) {
+        self.args.extend(extra.iter().map(|s| s.to_string()));
+        self.start_again();
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// SIGSTOP: the process stops dead (no replies, no acks, no timers) until `thaw`.
+    pub fn freeze(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// SIGCONT after `freeze`.
+    pub fn thaw(&self) {
+        signal(self.pid(), "CONT");
+    }
+
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
@@ -208,6 +289,28 @@ impl Server {
             info.contains("master_link_status:up")
         });
     }
+}
+
+/// Sends a signal (`STOP`, `CONT`, `KILL`...) to a process.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// `master_repl_offset` (master) or `slave_repl_offset` (replica) from INFO replication.
+pub fn repl_offset(c: &mut Connection) -> i64 {
+    let info: String = cmd("INFO").arg("replication").query(c).unwrap();
+    info.lines()
+        .find_map(|l| {
+            l.strip_prefix("master_repl_offset:")
+                .or_else(|| l.strip_prefix("slave_repl_offset:"))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no replication offset in:\n{info}"))
 }
 
 /// `RLOCK_VALGRIND=1` runs every server under valgrind's memcheck; each server
@@ -429,4 +532,110 @@ pub fn wait_parked(c: &mut Connection, n: i64) {
 
 pub fn client_id(c: &mut Connection) -> i64 {
     cmd("CLIENT").arg("ID").query(c).unwrap()
+}
+
+/// A `redis-sentinel` process (Debian's `redis-sentinel` package) watching one
+/// master, on its own port and directory; killed when dropped.
+pub struct Sentinel {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Sentinel {
+    /// Monitors `master_port` on 127.0.0.1 as `name`.
+    pub fn start(name: &str, master_port: u16, quorum: u32, down_after_ms: u64) -> Sentinel {
+        let port = free_port();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "sentinel-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {name} {down_after_ms}\n\
+                 sentinel failover-timeout {name} 6000\n\
+                 sentinel parallel-syncs {name} 2\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("sentinel.log")).unwrap();
+        // The sentinel of the server under test (`redis-server conf --sentinel`
+        // is what Debian's redis-sentinel runs; Valkey's works the same way).
+        let child = Command::new(server_binary())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {} --sentinel: {e}", server_binary()));
+        let mut s = Sentinel {
+            port,
+            dir,
+            child: Some(child),
+        };
+        wait_until(Duration::from_secs(10), || {
+            s.try_client()
+                .is_ok_and(|mut c| cmd("PING").query::<String>(&mut c).is_ok())
+        });
+        assert!(s.child.as_mut().unwrap().try_wait().unwrap().is_none());
+        s
+    }
+
+    fn try_client(&self) -> redis::RedisResult<Connection> {
+        let c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        let c = c.get_connection_with_timeout(Duration::from_millis(500))?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+        Ok(c)
+    }
+
+    /// The master's port as this sentinel sees it (`SENTINEL get-master-addr-by-name`).
+    pub fn master_port(&self, name: &str) -> Option<u16> {
+        let mut c = self.try_client().ok()?;
+        let addr: Option<(String, u16)> = cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(name)
+            .query(&mut c)
+            .ok()?;
+        addr.map(|(_, port)| port)
+    }
+
+    /// How many other sentinels and replicas this one knows of.
+    pub fn known(&self, name: &str) -> (usize, usize) {
+        let Ok(mut c) = self.try_client() else {
+            return (0, 0);
+        };
+        let count = |what: &str, c: &mut Connection| -> usize {
+            cmd("SENTINEL")
+                .arg(what)
+                .arg(name)
+                .query::<Vec<Value>>(c)
+                .map(|v| v.len())
+                .unwrap_or(0)
+        };
+        (count("sentinels", &mut c), count("replicas", &mut c))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
 }

@@ -1,0 +1,576 @@
+//! BENCHMARKS.md sections (e), (f), (g) and their targets: many holders and
+//! waiters on one key, the expiry storm, persistence at scale.
+
+use std::fmt::Write as _;
+
+use super::{f2, not_run, num, status, Target};
+use crate::locks::Impl;
+use crate::persist::Persist;
+use crate::readers::{OpCost, ReadersScale};
+use crate::server::Stall;
+use crate::Results;
+
+pub fn readers_targets(r: &Results) -> Vec<Target> {
+    let mut t = Vec::new();
+    let sizes = |replica: bool| r.readers.iter().filter(move |x| x.replica == replica);
+    let top = r.readers.iter().map(|x| x.readers).max();
+    for k in 0..3 {
+        let get = |x: &'_ ReadersScale| x.ops()[k].1.us_per_call;
+        let op = ["acquire", "renew", "release"][k];
+        let what = |n: usize| {
+            format!(
+                "RWLOCK READ {op} with {} readers in vs 1 (server µs/call)",
+                num(n as f64)
+            )
+        };
+        let mut parts = Vec::new();
+        let mut ok = true;
+        for replica in [false, true] {
+            let one = sizes(replica).find(|x| x.readers == 1);
+            let many = sizes(replica).max_by_key(|x| x.readers);
+            if let (Some(one), Some(many)) = (one, many) {
+                let x = get(many) / get(one);
+                ok &= x <= 2.0;
+                parts.push(format!(
+                    "{}: {} vs {} µs = {x:.2}x",
+                    if replica {
+                        "with a replica"
+                    } else {
+                        "no replica"
+                    },
+                    f2(get(many)),
+                    f2(get(one))
+                ));
+            }
+        }
+        match top {
+            Some(n) if n > 1 && !parts.is_empty() => t.push(Target {
+                id: "readers-scale",
+                what: what(n),
+                measured: parts.join("; "),
+                required: "≤ 2x",
+                status: status(ok),
+            }),
+            _ => t.push(not_run("readers-scale", &what(100_000), "≤ 2x")),
+        }
+    }
+    let worst = sizes(true)
+        .flat_map(|x| x.ops().map(|(op, c)| (x.readers, op, c)))
+        .filter_map(|(n, op, c)| c.bytes_per_change.map(|b| (n, op, b)))
+        .max_by(|a, b| a.2.total_cmp(&b.2));
+    match worst {
+        Some((n, op, b)) => t.push(Target {
+            id: "readers-bytes",
+            what: "Replicated bytes per RWLOCK READ change (worst op and size)".into(),
+            measured: format!("{} B ({op} with {} readers in)", num(b), num(n as f64)),
+            required: "≤ 300 B at every size",
+            status: status(b <= 300.0),
+        }),
+        None => t.push(not_run(
+            "readers-bytes",
+            "Replicated bytes per RWLOCK READ change",
+            "≤ 300 B at every size",
+        )),
+    }
+    let small = r.admit.iter().min_by_key(|a| a.queued);
+    let large = r.admit.iter().max_by_key(|a| a.queued);
+    match (small, large) {
+        (Some(s), Some(l)) if l.queued > s.queued => {
+            let x = l.us_per_reader() / s.us_per_reader();
+            let wanted = r.admit_wanted.iter().copied().max().unwrap_or(0);
+            t.push(Target {
+                id: "admit-readers",
+                what: format!(
+                    "One `RWLOCK.RELEASE ... WRITE` admitting {} queued readers: time per reader vs {}",
+                    num(l.queued as f64),
+                    num(s.queued as f64)
+                ),
+                measured: format!(
+                    "{} vs {} µs/reader = {x:.2}x (worst PING {} ms)",
+                    f2(l.us_per_reader()),
+                    f2(s.us_per_reader()),
+                    f2(l.stall.worst_ms)
+                ),
+                required: "≤ 2x (O(N) in total)",
+                status: status(x <= 2.0 && l.queued >= wanted && l.served == l.queued),
+            });
+        }
+        _ => t.push(not_run(
+            "admit-readers",
+            "One release admitting 10,000 queued readers",
+            "≤ 2x (O(N) in total)",
+        )),
+    }
+    t
+}
+
+pub fn storm_targets(r: &Results) -> Vec<Target> {
+    let mut t = Vec::new();
+    let native = r.storms.iter().find(|x| x.lock.imp == Impl::Native);
+    let redis = r.storms.iter().find(|x| x.lock.imp != Impl::Native);
+    match (native, redis) {
+        (Some(n), Some(p)) => {
+            let limit = p.stall.worst_ms.max(30.0);
+            t.push(Target {
+                id: "storm-stall",
+                what: format!(
+                    "Expiry storm, {} leases with one deadline: worst PING",
+                    num(n.leases as f64)
+                ),
+                measured: format!(
+                    "{} ms (p99 {} ms); Redis's own expiry of as many SET PX keys: {} ms",
+                    f2(n.stall.worst_ms),
+                    f2(n.stall.p99_ms),
+                    f2(p.stall.worst_ms)
+                ),
+                required: "≤ 30 ms or ≤ Redis's own",
+                status: status(n.stall.worst_ms <= limit),
+            });
+            let ended = match (n.all_ended_ms, n.waiters_served_ms) {
+                (Some(a), Some(w)) => Some(a.max(w)),
+                (Some(a), None) if n.waiters == 0 => Some(a),
+                _ => None,
+            };
+            t.push(Target {
+                id: "storm-ended",
+                what: format!(
+                    "Expiry storm: all {} leases ended and {} waiters served",
+                    num(n.leases as f64),
+                    num(n.waiters as f64)
+                ),
+                measured: match ended {
+                    Some(ms) => format!(
+                        "{} ms after the deadline; Redis's SET PX keys all gone after {}",
+                        num(ms),
+                        p.all_ended_ms
+                            .map(|v| format!("{} ms", num(v)))
+                            .unwrap_or("over 30 s".into())
+                    ),
+                    None => format!(
+                        "not within 30 s ({} of {} waiters served)",
+                        n.served, n.waiters
+                    ),
+                },
+                required: "≤ 2 s",
+                status: status(ended.is_some_and(|ms| ms <= 2000.0)),
+            });
+        }
+        _ => {
+            t.push(not_run(
+                "storm-stall",
+                "Expiry storm: worst PING",
+                "≤ 30 ms or ≤ Redis's own",
+            ));
+            t.push(not_run("storm-ended", "Expiry storm: all ended", "≤ 2 s"));
+        }
+    }
+    t
+}
+
+pub fn persist_targets(r: &Results) -> Vec<Target> {
+    let mut t = Vec::new();
+    let native = r.persist.iter().find(|x| x.lock.imp == Impl::Native);
+    let plain = r.persist.iter().find(|x| x.lock.imp == Impl::PlainFloor);
+    type Get = fn(&Persist) -> f64;
+    let ratios: [(&'static str, &str, Get, f64, &'static str, &str); 6] = [
+        (
+            "persist-rdb",
+            "RDB size",
+            |x| x.rdb_bytes as f64,
+            1.5,
+            "≤ 1.5x",
+            "B",
+        ),
+        (
+            "persist-rdb",
+            "`SAVE` time",
+            |x| x.save_ms,
+            1.5,
+            "≤ 1.5x",
+            "ms",
+        ),
+        (
+            "persist-aof",
+            "AOF rewrite size",
+            |x| x.aof_bytes as f64,
+            1.5,
+            "≤ 1.5x",
+            "B",
+        ),
+        (
+            "persist-aof",
+            "AOF rewrite time",
+            |x| x.rewrite_ms,
+            1.5,
+            "≤ 1.5x",
+            "ms",
+        ),
+        (
+            "persist-flushall",
+            "`FLUSHALL` time",
+            |x| x.flush_ms,
+            1.5,
+            "≤ 1.5x",
+            "ms",
+        ),
+        (
+            "reload",
+            "`DEBUG RELOAD` time",
+            |x| x.reload_ms,
+            1.3,
+            "≤ 1.3x",
+            "ms",
+        ),
+    ];
+    for (id, what, get, limit, req, unit) in ratios {
+        match (native, plain) {
+            (Some(n), Some(p)) => {
+                let x = get(n) / get(p);
+                let per = |v: f64| {
+                    if unit == "B" {
+                        format!("{:.1} B/key", v / n.n as f64)
+                    } else {
+                        format!("{} ms", num(v))
+                    }
+                };
+                t.push(Target {
+                    id,
+                    what: format!("{} locks vs as many SET PX keys: {what}", num(n.n as f64)),
+                    measured: format!("{} vs {}, {x:.2}x", per(get(n)), per(get(p))),
+                    required: req,
+                    status: status(x <= limit),
+                });
+            }
+            _ => t.push(not_run(
+                id,
+                &format!("{what}, 1,000,000 locks vs SET PX"),
+                req,
+            )),
+        }
+    }
+    match (native, plain) {
+        (Some(n), Some(p)) => t.push(Target {
+            id: "persist-flushall",
+            what: format!(
+                "{} locks, {} waiters parked on them: `FLUSHALL` worst PING vs Redis's own",
+                num(n.n as f64),
+                num(n.flush_waiters as f64)
+            ),
+            measured: format!(
+                "{} ms vs {} ms (SET PX keys, no module); {} of {} waiters told TRYAGAIN",
+                f2(n.flush_stall.worst_ms),
+                f2(p.flush_stall.worst_ms),
+                n.flush_told_retry,
+                n.flush_waiters
+            ),
+            required: "≤ Redis's own + 30 ms",
+            status: status(
+                n.flush_stall.worst_ms <= p.flush_stall.worst_ms + 30.0
+                    && n.flush_told_retry == n.flush_waiters,
+            ),
+        }),
+        _ => t.push(not_run(
+            "persist-flushall",
+            "`FLUSHALL` with waiters: worst PING",
+            "≤ Redis's own + 30 ms",
+        )),
+    }
+    for (id, what, get) in [
+        (
+            "reload",
+            "worst PING after `DEBUG RELOAD` until the module holds every lock again",
+            (|x: &Persist| x.rebuild_stall) as fn(&Persist) -> Stall,
+        ),
+        (
+            "promote-stall",
+            "`REPLICAOF NO ONE` on a replica holding them: worst PING",
+            |x: &Persist| x.promote_stall,
+        ),
+    ] {
+        match (native, plain) {
+            (Some(n), Some(p)) => t.push(Target {
+                id,
+                what: format!("{} locks: {what}", num(n.n as f64)),
+                measured: format!(
+                    "{} ms; Redis without the module, SET PX keys: {} ms",
+                    f2(get(n).worst_ms),
+                    f2(get(p).worst_ms)
+                ),
+                required: "≤ 30 ms",
+                status: status(get(n).worst_ms <= 30.0),
+            }),
+            _ => t.push(not_run(id, what, "≤ 30 ms")),
+        }
+    }
+    t
+}
+
+/// A markdown table: the header row, the separator, one line per row.
+fn table(w: &mut String, head: &[&str], rows: impl Iterator<Item = Vec<String>>) {
+    let _ = writeln!(w, "| {} |", head.join(" | "));
+    let _ = writeln!(w, "|{}", "---|".repeat(head.len()));
+    for row in rows {
+        let _ = writeln!(w, "| {} |", row.join(" | "));
+    }
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map(num).unwrap_or_else(|| "—".into())
+}
+
+pub fn render_readers(w: &mut String, r: &Results) {
+    if !r.readers.is_empty() || !r.admit.is_empty() {
+        let _ = writeln!(w, "\n## (e) Many holders and many waiters\n");
+    }
+    if !r.readers.is_empty() {
+        let m = r.readers.iter().map(|x| x.acquire.calls).max().unwrap_or(0);
+        let _ = writeln!(
+            w,
+            "RWLOCK READ with N readers already holding one key (distinct Redisson-style owners, \
+             lease 1 h, loaded pipelined on a fresh server with no replica). Then, up to {} \
+             times, a new reader joins (`ACQUIRE ... READ`), renews (`RENEW ... PX`) and leaves \
+             (`RELEASE ... READ`), one command at a time, so the key holds N or N + 1 readers \
+             throughout. Server µs per call from `INFO commandstats` (after `CONFIG RESETSTAT`). \
+             Then a replica is attached to the same server (full sync, link up) and the same \
+             ops run again; bytes per change = the growth of `master_repl_offset` over each \
+             command (read after its reply), divided by the calls. The ops stop early after \
+             {} s or {} MB sent to the replica per size and setup (the calls column says how \
+             many ran). \"Replica in sync\": once the replica has applied the whole stream (its \
+             `master_repl_offset` reached the master's), `DEBUG DIGEST-VALUE` of the key is \
+             the same on both servers.\n",
+            num(m as f64),
+            crate::readers::OP_BUDGET.as_secs(),
+            crate::readers::OP_BYTES_BUDGET >> 20
+        );
+        let b = |c: &OpCost| c.bytes_per_change.map(num).unwrap_or_default();
+        table(
+            w,
+            &[
+                "readers",
+                "setup",
+                "calls",
+                "acquire µs",
+                "renew µs",
+                "release µs",
+                "acquire B/change",
+                "renew B/change",
+                "release B/change",
+                "replica in sync",
+                "load s",
+            ],
+            r.readers.iter().map(|x| {
+                vec![
+                    num(x.readers as f64),
+                    if x.replica {
+                        "with a replica"
+                    } else {
+                        "no replica"
+                    }
+                    .into(),
+                    x.acquire.calls.to_string(),
+                    f2(x.acquire.us_per_call),
+                    f2(x.renew.us_per_call),
+                    f2(x.release.us_per_call),
+                    b(&x.acquire),
+                    b(&x.renew),
+                    b(&x.release),
+                    match x.replica_digest_equal {
+                        Some(true) => "yes",
+                        Some(false) => "**no**",
+                        None => "",
+                    }
+                    .into(),
+                    format!("{:.1}", x.load_s),
+                ]
+            }),
+        );
+    }
+    if !r.admit.is_empty() {
+        let limited = r
+            .admit
+            .iter()
+            .zip(&r.admit_wanted)
+            .any(|(a, &want)| a.queued < want);
+        let _ = writeln!(
+            w,
+            "\nOne release admitting N readers: a writer holds the key, N clients are parked \
+             behind it (`RWLOCK.ACQUIRE ... READ ... BLOCK 0`, each after a PING), then the \
+             writer releases, which admits all N at once. Release µs: the release command's \
+             server time (`INFO commandstats`); the replies to the parked clients may be sent \
+             outside it. All served: from sending the release to reading the last reader's \
+             grant (one `ppoll` over all the connections); per reader: that divided by N, the \
+             measure of O(N). Worst PING: a separate connection PINGing in a tight loop, over \
+             the same interval.{}\n",
+            if limited {
+                format!(
+                    " **The open-files limit ({}) allowed fewer readers than asked for.**",
+                    r.fd_limit
+                )
+            } else {
+                String::new()
+            }
+        );
+        table(
+            w,
+            &[
+                "queued readers",
+                "release µs (server)",
+                "all served ms",
+                "µs per reader",
+                "worst PING ms",
+                "PINGs",
+                "granted",
+            ],
+            r.admit.iter().map(|a| {
+                vec![
+                    num(a.queued as f64),
+                    num(a.release_us),
+                    f2(a.all_served_ms),
+                    f2(a.us_per_reader()),
+                    f2(a.stall.worst_ms),
+                    a.stall.pings.to_string(),
+                    a.served.to_string(),
+                ]
+            }),
+        );
+    }
+}
+
+pub fn render_storm(w: &mut String, r: &Results) {
+    if r.storms.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "\n## (f) Expiry storm\n");
+    let _ = writeln!(
+        w,
+        "N leases taken on distinct keys (`RLOCK.ACQUIRE key owner PX ms`, 2 connections \
+         pipelined 128 deep) with one common target deadline: each call's `PX` is the target \
+         minus the client's clock when the call is queued, so the deadlines set differ from \
+         the target by the time a call waits in the pipeline (the spread column: \
+         `PEXPIRETIME` of every 1/1000th key minus the target, ms). Some keys have one waiter \
+         parked behind the lease (`BLOCK 0`). Beside them, Redis's own expiry: as many \
+         `SET key owner NX PX ms` keys, same method, on a server without the module. A \
+         separate connection PINGs in a tight loop from 1 s before the deadline; worst and \
+         p99 are over the PINGs in flight from the deadline until the last lease ended and \
+         the last waiter was served (\"quiet\": the worst PING in the second before, the \
+         machine's own noise). All ended: from the deadline until `DBSIZE` (polled every \
+         millisecond) is down to the waiters' keys, which their waiters now hold. Waiters \
+         served: until the last waiter's grant was read.\n"
+    );
+    table(
+        w,
+        &[
+            "leases",
+            "keys with a waiter",
+            "deadline spread ms",
+            "worst PING ms",
+            "p99 PING ms",
+            "PINGs",
+            "quiet worst ms",
+            "all ended ms",
+            "waiters served ms",
+            "lease expirations",
+        ],
+        r.storms.iter().map(|x| {
+            vec![
+                format!(
+                    "{} {}",
+                    num(x.leases as f64),
+                    if x.lock.imp == Impl::Native {
+                        "RLOCK leases"
+                    } else {
+                        "SET PX keys (Redis's own expiry)"
+                    }
+                ),
+                if x.waiters > 0 {
+                    format!("{} ({} served)", num(x.waiters as f64), x.served)
+                } else {
+                    "—".into()
+                },
+                format!("{} .. {}", x.spread_ms.0, x.spread_ms.1),
+                f2(x.stall.worst_ms),
+                f2(x.stall.p99_ms),
+                x.stall.pings.to_string(),
+                f2(x.quiet.worst_ms),
+                opt_ms(x.all_ended_ms),
+                opt_ms(x.waiters_served_ms),
+                x.expirations.map(|e| num(e as f64)).unwrap_or("—".into()),
+            ]
+        }),
+    );
+}
+
+pub fn render_persist(w: &mut String, r: &Results) {
+    let Some(first) = r.persist.first() else {
+        return;
+    };
+    let _ = writeln!(w, "\n## (g) Persistence at scale\n");
+    let _ = writeln!(
+        w,
+        "{} keys on a fresh server, loaded as in (d) (lease 1 h): RLOCK locks, `SET PX` keys \
+         on a server with the module, and `SET PX` keys on a server without it (Redis's own \
+         cost, the baseline of the targets). Then, on the same server: `SAVE` (round trip; \
+         size of `dump.rdb`); the AOF rewrite that `CONFIG SET appendonly yes` starts, with \
+         `aof-use-rdb-preamble no` (plain commands; from the command until `INFO persistence` \
+         shows it finished, polled every ms, `hz 100` meanwhile so Redis notices the child \
+         within 10 ms; size of the base file), then AOF off again; `DEBUG RELOAD` (round trip: \
+         save, flush, load), then until `rlock_locks` is back to N (the module keeps its lease schedule while loading, so nothing is rebuilt after it), with a PING loop \
+         meanwhile; a replica (with the module, if the server has it) attached and synced, \
+         then `REPLICAOF NO ONE` on it with a PING loop on the replica, until it watches all \
+         N leases (+100 ms), quiet = the 300 ms before; `FLUSHALL SYNC` (round trip), with \
+         clients parked (`BLOCK 0`) on some of the lock keys, who are told `TRYAGAIN`, and the \
+         worst PING from the command until the last of them was told.\n",
+        num(first.n as f64)
+    );
+    table(
+        w,
+        &[
+            "keys",
+            "RDB B/key",
+            "SAVE ms",
+            "AOF rewrite B/key",
+            "rewrite ms",
+            "DEBUG RELOAD ms",
+            "schedule rebuilt after ms",
+            "worst PING ms",
+            "REPLICAOF NO ONE ms",
+            "promoted: schedule after ms",
+            "worst PING ms (quiet)",
+            "FLUSHALL ms",
+            "waiters told TRYAGAIN",
+            "worst PING ms",
+        ],
+        r.persist.iter().map(|x| {
+            let n = x.n as f64;
+            vec![
+                match x.lock.imp {
+                    Impl::Native => "RLOCK locks",
+                    Impl::PlainFloor => "SET PX keys, server without the module",
+                    _ => "SET PX keys, server with the module",
+                }
+                .into(),
+                format!("{:.1}", x.rdb_bytes as f64 / n),
+                num(x.save_ms),
+                format!("{:.1}", x.aof_bytes as f64 / n),
+                num(x.rewrite_ms),
+                num(x.reload_ms),
+                num(x.rebuild_ms),
+                f2(x.rebuild_stall.worst_ms),
+                f2(x.promote_ms),
+                num(x.promote_rebuild_ms),
+                format!(
+                    "{} ({})",
+                    f2(x.promote_stall.worst_ms),
+                    f2(x.promote_quiet.worst_ms)
+                ),
+                num(x.flush_ms),
+                if x.flush_waiters > 0 {
+                    format!("{} of {}", x.flush_told_retry, x.flush_waiters)
+                } else {
+                    "—".into()
+                },
+                f2(x.flush_stall.worst_ms),
+            ]
+        }),
+    );
+}

@@ -1,0 +1,542 @@
+//! The replicated effect of one change: the steps it made to single holders,
+//! in a compact binary form (`RLOCK.DELTA key <delta>`).
+//!
+//! A step names its holder by the tenure's token, so a release, a renewal or an
+//! expiry costs a few bytes whatever the owner's length or the number of other
+//! holders; only a new holder carries its owner. Deadlines and tokens are
+//! absolute, so a replica or an AOF replay makes exactly the master's change.
+//!
+//! Layout: `VERSION kind step...`, integers little-endian:
+//! - `N mode token:u64 deadline:i64 len:u32 owner` a new holder with one hold;
+//! - `H mode token deadline` one more hold, lease reset;
+//! - `R mode token` one hold released (the holder leaves at none);
+//! - `D token deadline` lease renewed;
+//! - `E token` the holder's lease ended;
+//! - `F` every holder ended (forced);
+//! - `S token deadline reads:u32 writes:u32 len:u32 owner` a holder as it stands
+//!   (AOF rewrite writes a whole lock as `S` steps on an empty key).
+
+use std::cell::Cell;
+
+use super::{Kind, Mode};
+
+const VERSION: u8 = 1;
+
+/// Buffers larger than this are not kept for the next change.
+const SPARE_LIMIT: usize = 4096;
+
+thread_local! {
+    /// The last change's buffer, reused: most commands record one small delta,
+    /// and an allocation per command shows on the acquire path.
+    static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Steps recorded by the state machine while it changes a lock.
+#[derive(Debug)]
+pub struct Delta {
+    buf: Vec<u8>,
+    recording: bool,
+}
+
+impl Delta {
+    /// Records the steps of a change to a lock of `kind`.
+    pub fn recording(kind: Kind) -> Delta {
+        let mut buf = SPARE.take();
+        buf.clear();
+        buf.extend([VERSION, kind.code() as u8]);
+        Delta {
+            buf,
+            recording: true,
+        }
+    }
+
+    /// Records nothing (no replica or AOF would receive it, or a replay).
+    pub fn off() -> Delta {
+        Delta {
+            buf: Vec::new(),
+            recording: false,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() <= 2
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    fn step(&mut self, tag: u8, mode: Option<Mode>, token: Option<u64>, deadline: Option<i64>) {
+        self.buf.push(tag);
+        if let Some(m) = mode {
+            self.buf.push(mode_byte(m));
+        }
+        if let Some(t) = token {
+            self.buf.extend(t.to_le_bytes());
+        }
+        if let Some(d) = deadline {
+            self.buf.extend(d.to_le_bytes());
+        }
+    }
+
+    pub fn new_holder(&mut self, mode: Mode, token: u64, deadline: i64, owner: &[u8]) {
+        if self.recording {
+            self.step(b'N', Some(mode), Some(token), Some(deadline));
+            self.buf.extend((owner.len() as u32).to_le_bytes());
+            self.buf.extend_from_slice(owner);
+        }
+    }
+
+    pub fn hold(&mut self, token: u64, mode: Mode, deadline: i64) {
+        if self.recording {
+            self.step(b'H', Some(mode), Some(token), Some(deadline));
+        }
+    }
+
+    pub fn release(&mut self, token: u64, mode: Mode) {
+        if self.recording {
+            self.step(b'R', Some(mode), Some(token), None);
+        }
+    }
+
+    pub fn renew(&mut self, token: u64, deadline: i64) {
+        if self.recording {
+            self.step(b'D', None, Some(token), Some(deadline));
+        }
+    }
+
+    pub fn end(&mut self, token: u64) {
+        if self.recording {
+            self.step(b'E', None, Some(token), None);
+        }
+    }
+
+    pub fn force(&mut self) {
+        if self.recording {
+            self.step(b'F', None, None, None);
+        }
+    }
+
+    /// A holder exactly as it stands (reads, writes, token, deadline, owner).
+    pub fn whole(&mut self, h: &super::Holder) {
+        if self.recording {
+            self.step(b'S', None, Some(h.token), Some(h.deadline));
+            self.buf.extend(h.reads.to_le_bytes());
+            self.buf.extend(h.writes.to_le_bytes());
+            self.buf.extend((h.owner.len() as u32).to_le_bytes());
+            self.buf.extend_from_slice(&h.owner);
+        }
+    }
+}
+
+impl Drop for Delta {
+    fn drop(&mut self) {
+        if self.buf.capacity() > 0 && self.buf.capacity() <= SPARE_LIMIT {
+            SPARE.set(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+fn mode_byte(m: Mode) -> u8 {
+    match m {
+        Mode::Read => b'r',
+        Mode::Write => b'w',
+    }
+}
+
+/// One step of a delta, borrowed from its encoded form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op<'a> {
+    New {
+        mode: Mode,
+        token: u64,
+        deadline: i64,
+        owner: &'a [u8],
+    },
+    Hold {
+        token: u64,
+        mode: Mode,
+        deadline: i64,
+    },
+    Release {
+        token: u64,
+        mode: Mode,
+    },
+    Renew {
+        token: u64,
+        deadline: i64,
+    },
+    End {
+        token: u64,
+    },
+    Force,
+    Whole {
+        token: u64,
+        deadline: i64,
+        reads: u32,
+        writes: u32,
+        owner: &'a [u8],
+    },
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    }
+
+    fn i64(&mut self) -> Option<i64> {
+        self.u64().map(|v| v as i64)
+    }
+
+    fn mode(&mut self) -> Option<Mode> {
+        match self.u8()? {
+            b'r' => Some(Mode::Read),
+            b'w' => Some(Mode::Write),
+            _ => None,
+        }
+    }
+
+    fn op(&mut self) -> Option<Op<'a>> {
+        Some(match self.u8()? {
+            b'N' => {
+                let (mode, token, deadline) = (self.mode()?, self.u64()?, self.i64()?);
+                let len = self.u32()? as usize;
+                Op::New {
+                    mode,
+                    token,
+                    deadline,
+                    owner: self.take(len)?,
+                }
+            }
+            b'H' => Op::Hold {
+                mode: self.mode()?,
+                token: self.u64()?,
+                deadline: self.i64()?,
+            },
+            b'R' => Op::Release {
+                mode: self.mode()?,
+                token: self.u64()?,
+            },
+            b'D' => Op::Renew {
+                token: self.u64()?,
+                deadline: self.i64()?,
+            },
+            b'E' => Op::End { token: self.u64()? },
+            b'F' => Op::Force,
+            b'S' => {
+                let (token, deadline) = (self.u64()?, self.i64()?);
+                let (reads, writes) = (self.u32()?, self.u32()?);
+                let len = self.u32()? as usize;
+                Op::Whole {
+                    token,
+                    deadline,
+                    reads,
+                    writes,
+                    owner: self.take(len)?,
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Decodes a delta; any malformed byte makes the whole delta invalid.
+pub fn decode(bytes: &[u8]) -> Option<(Kind, Vec<Op<'_>>)> {
+    let mut r = Reader(bytes);
+    if r.u8()? != VERSION {
+        return None;
+    }
+    let kind = Kind::from_code(r.u8()? as u64)?;
+    let mut ops = Vec::new();
+    while !r.0.is_empty() {
+        ops.push(r.op()?);
+    }
+    (!ops.is_empty()).then_some((kind, ops))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::LockState;
+    use super::*;
+
+    /// Drives a master state with recording on and a replica by replay: both
+    /// must always be equal, whatever the sequence (pseudo-random, seeded).
+    #[test]
+    fn replaying_recorded_deltas_reproduces_the_state() {
+        let mut seed = 0x2545F4914F6CDD1Du64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut next_token = 0;
+        for kind in [Kind::Reentrant, Kind::Fair, Kind::ReadWrite] {
+            let mut master = LockState::new(kind);
+            let mut replica = LockState::new(kind);
+            for step in 0..20_000i64 {
+                let owner = format!("owner-{}", rnd(40));
+                let mode = if kind == Kind::ReadWrite && rnd(3) > 0 {
+                    Mode::Read
+                } else {
+                    Mode::Write
+                };
+                let mut d = Delta::recording(kind);
+                match rnd(6) {
+                    0 | 1 => {
+                        if matches!(
+                            master.admit(owner.as_bytes(), mode),
+                            super::super::Admission::Fresh | super::super::Admission::Reentrant
+                        ) {
+                            let deadline = step + rnd(500) as i64;
+                            let mut issue = || {
+                                next_token += 1;
+                                Some(next_token)
+                            };
+                            master
+                                .grant(owner.as_bytes(), mode, deadline, &mut issue, &mut d)
+                                .unwrap();
+                        }
+                    }
+                    2 => {
+                        let _ = master.release(owner.as_bytes(), mode, &mut d);
+                    }
+                    3 => {
+                        let _ = master.renew(owner.as_bytes(), step + 300, &mut d);
+                    }
+                    4 => {
+                        master.expire(step, &mut d);
+                    }
+                    _ => {
+                        if rnd(50) == 0 {
+                            master.force(&mut d);
+                        }
+                    }
+                }
+                if !d.is_empty() {
+                    let (k, ops) = decode(d.bytes()).expect("decodes");
+                    assert_eq!(k, kind);
+                    replica.replay(&ops, u64::MAX).expect("valid delta");
+                }
+                assert_eq!(master, replica, "diverged at step {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_deltas_change_nothing() {
+        let mut s = LockState::new(Kind::ReadWrite);
+        let mut d = Delta::recording(Kind::ReadWrite);
+        s.grant(b"a", Mode::Read, 100, &mut || Some(7), &mut d)
+            .unwrap();
+        s.grant(b"b", Mode::Read, 100, &mut || Some(8), &mut d)
+            .unwrap();
+        let before = s.clone();
+        let cases: Vec<Vec<Op>> = vec![
+            // Valid first step, then an unknown token: the first step is undone.
+            vec![Op::End { token: 7 }, Op::End { token: 99 }],
+            vec![
+                Op::Renew {
+                    token: 8,
+                    deadline: 5,
+                },
+                Op::Release {
+                    token: 8,
+                    mode: Mode::Write,
+                },
+            ],
+            // A writer cannot join readers; an owner cannot hold twice; token reuse.
+            vec![Op::New {
+                mode: Mode::Write,
+                token: 9,
+                deadline: 1,
+                owner: b"c",
+            }],
+            vec![Op::New {
+                mode: Mode::Read,
+                token: 9,
+                deadline: 1,
+                owner: b"a",
+            }],
+            vec![Op::New {
+                mode: Mode::Read,
+                token: 7,
+                deadline: 1,
+                owner: b"c",
+            }],
+            vec![Op::New {
+                mode: Mode::Read,
+                token: 9,
+                deadline: 1,
+                owner: b"",
+            }],
+            vec![Op::New {
+                mode: Mode::Read,
+                token: 0,
+                deadline: 1,
+                owner: b"c",
+            }],
+            // Upgrade by delta, negative deadline.
+            vec![Op::Hold {
+                token: 7,
+                mode: Mode::Write,
+                deadline: 1,
+            }],
+            vec![
+                Op::Force,
+                Op::Renew {
+                    token: 7,
+                    deadline: -1,
+                },
+            ],
+        ];
+        for ops in cases {
+            assert!(s.replay(&ops, 1000).is_err(), "{ops:?}");
+            assert_eq!(s, before, "{ops:?} left a change behind");
+        }
+        let mut fresh = LockState::new(Kind::Reentrant);
+        assert!(fresh
+            .replay(
+                &[Op::Release {
+                    token: 1,
+                    mode: Mode::Write
+                }],
+                10
+            )
+            .is_err());
+        assert!(
+            fresh
+                .replay(
+                    &[Op::New {
+                        mode: Mode::Read,
+                        token: 1,
+                        deadline: 1,
+                        owner: b"x"
+                    }],
+                    10
+                )
+                .is_err(),
+            "READ on a reentrant lock"
+        );
+    }
+
+    #[test]
+    fn whole_steps_rebuild_a_state_on_an_empty_key_only() {
+        let mut master = LockState::new(Kind::ReadWrite);
+        let mut off = Delta::off();
+        master
+            .grant(b"w", Mode::Write, 50, &mut || Some(3), &mut off)
+            .unwrap();
+        master
+            .grant(b"w", Mode::Read, 60, &mut || None, &mut off)
+            .unwrap();
+        master.release(b"w", Mode::Write, &mut off).unwrap();
+        master
+            .grant(b"r", Mode::Read, 70, &mut || Some(4), &mut off)
+            .unwrap();
+        let mut d = Delta::recording(Kind::ReadWrite);
+        master.iter().for_each(|h| d.whole(h));
+        let (_, ops) = decode(d.bytes()).unwrap();
+        let mut copy = LockState::new(Kind::ReadWrite);
+        copy.replay(&ops, 100).unwrap();
+        assert_eq!(copy, master);
+        // Not over existing holders, and never an impossible holder.
+        assert!(copy.clone().replay(&ops, 100).is_err());
+        let writer_among_readers = [
+            Op::Whole {
+                token: 1,
+                deadline: 1,
+                reads: 1,
+                writes: 0,
+                owner: b"a",
+            },
+            Op::Whole {
+                token: 2,
+                deadline: 1,
+                reads: 0,
+                writes: 1,
+                owner: b"b",
+            },
+        ];
+        assert!(LockState::new(Kind::ReadWrite)
+            .replay(&writer_among_readers, 100)
+            .is_err());
+        let no_holds = [Op::Whole {
+            token: 1,
+            deadline: 1,
+            reads: 0,
+            writes: 0,
+            owner: b"a",
+        }];
+        assert!(LockState::new(Kind::Reentrant)
+            .replay(&no_holds, 100)
+            .is_err());
+        let reads_on_rlock = [Op::Whole {
+            token: 1,
+            deadline: 1,
+            reads: 1,
+            writes: 1,
+            owner: b"a",
+        }];
+        assert!(LockState::new(Kind::Reentrant)
+            .replay(&reads_on_rlock, 100)
+            .is_err());
+    }
+
+    #[test]
+    fn malformed_encodings_are_rejected() {
+        let mut d = Delta::recording(Kind::Fair);
+        d.new_holder(Mode::Write, 5, 10, b"owner");
+        let good = d.bytes().to_vec();
+        assert!(decode(&good).is_some());
+        for cut in 0..good.len() {
+            assert!(decode(&good[..cut]).is_none(), "cut at {cut}");
+        }
+        let mut bad_version = good.clone();
+        bad_version[0] = 9;
+        assert!(decode(&bad_version).is_none());
+        let mut bad_kind = good.clone();
+        bad_kind[1] = 7;
+        assert!(decode(&bad_kind).is_none());
+        let mut long_owner = good.clone();
+        long_owner[2 + 1 + 1 + 16] = 200;
+        assert!(decode(&long_owner).is_none());
+        let mut trailing = good;
+        trailing.push(b'Z');
+        assert!(decode(&trailing).is_none());
+    }
+
+    #[test]
+    fn steps_about_one_holder_do_not_carry_its_owner() {
+        let owner = vec![b'x'; 1 << 20];
+        let mut d = Delta::recording(Kind::Reentrant);
+        d.renew(1, 2);
+        d.release(1, Mode::Write);
+        d.end(1);
+        assert!(d.bytes().len() < 64);
+        let mut n = Delta::recording(Kind::Reentrant);
+        n.new_holder(Mode::Write, 1, 2, &owner);
+        assert_eq!(n.bytes().len(), 2 + 1 + 1 + 16 + 4 + owner.len());
+    }
+}

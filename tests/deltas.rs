@@ -1,0 +1,288 @@
+//! Replicated effects are deltas about single holders: a replica and an AOF
+//! replay end in exactly the master's state after thousands of per-holder
+//! changes on a many-holder lock; a change costs bytes in proportion to itself,
+//! not to the holders; AOF files of the previous format still load; a delta
+//! that does not fit the key is refused and leaves it as it was.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::*;
+
+fn digest(c: &mut Connection) -> String {
+    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
+}
+
+fn repl_offset(c: &mut Connection, field_name: &str) -> i64 {
+    let info: String = cmd("INFO").arg("replication").query(c).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field_name}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field_name} in {info}"))
+}
+
+/// Waits until the replica has processed everything the master sent.
+fn caught_up(m: &mut Connection, r: &mut Connection) {
+    let target = repl_offset(m, "master_repl_offset");
+    wait_until(Duration::from_secs(10), || {
+        repl_offset(r, "slave_repl_offset") >= target
+    });
+}
+
+fn pipe_all(c: &mut Connection, commands: &[Vec<String>]) {
+    for chunk in commands.chunks(500) {
+        let mut p = redis::pipe();
+        for args in chunk {
+            let mut one = cmd(&args[0]);
+            args[1..].iter().for_each(|a| {
+                one.arg(a);
+            });
+            p.add_command(one);
+        }
+        let _: Vec<Value> = p.query(c).unwrap();
+    }
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// A seeded walk over grants, reentrant grants, releases, renewals and short
+/// leases on one read-write key with hundreds of readers, plus a writer key.
+fn mixed_changes(n: usize, seed: u64) -> Vec<Vec<String>> {
+    let mut x = seed;
+    let mut rnd = move |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    (0..n)
+        .map(|_| {
+            let owner = format!("reader-{}", rnd(600));
+            match rnd(10) {
+                0..=3 => strings(&["RWLOCK.ACQUIRE", "rw", "READ", &owner, "PX", "600000"]),
+                4 => strings(&["RWLOCK.ACQUIRE", "rw", "READ", &owner, "PX", "40"]),
+                5 | 6 => strings(&["RWLOCK.RELEASE", "rw", "READ", &owner]),
+                7 => strings(&["RWLOCK.RENEW", "rw", &owner, "PX", "500000"]),
+                8 => strings(&["RLOCK.ACQUIRE", "x", &owner, "PX", "600000"]),
+                _ => strings(&["RLOCK.RELEASE", "x", &owner]),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn replica_and_aof_replay_reach_the_masters_state() {
+    let mut master = Server::start_with(
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            // Written before each reply; a SIGKILL loses nothing the OS has.
+            "--appendfsync",
+            "no",
+            "--aof-use-rdb-preamble",
+            "no",
+        ],
+        &[],
+    );
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    for (round, seed) in [7u64, 11, 13].into_iter().enumerate() {
+        // One by one: NOTOWNER replies are part of the walk.
+        for change in mixed_changes(3000, seed) {
+            let args: Vec<&str> = change.iter().map(String::as_str).collect();
+            let _ = call(&mut m, &args);
+        }
+        // Let the short leases run out: the master expires those readers itself.
+        sleep(Duration::from_millis(150));
+        if round == 1 {
+            int(
+                &mut m,
+                &["RWLOCK.ACQUIRE", "rw", "READ", "late", "PX", "600000"],
+            );
+        }
+    }
+    wait_until(Duration::from_secs(5), || {
+        stat(&mut m, "lease_expirations") > 0 && stat(&mut m, "lease_schedule") <= 1
+    });
+    let readers = match field(
+        &info_map(&mut m, &["RWLOCK.INFO", "rw"]).unwrap(),
+        "readers",
+    ) {
+        Value::Array(a) => a.len(),
+        other => panic!("{other:?}"),
+    };
+    assert!(readers > 100, "only {readers} readers left");
+    caught_up(&mut m, &mut r);
+    let state = digest(&mut m);
+    assert_eq!(digest(&mut r), state, "the replica differs from the master");
+
+    // The AOF holds the same deltas: a restart from it gives the same state.
+    master.kill();
+    master.start_again();
+    let mut m = master.client();
+    assert_eq!(digest(&mut m), state, "AOF replay differs from the master");
+    assert!(!master.log().contains("refused"), "{}", master.log());
+}
+
+#[test]
+fn a_change_costs_bytes_for_itself_not_for_the_other_holders() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    let big_owner = "o".repeat(1 << 20);
+    let mut grants: Vec<Vec<String>> = (0..10_000)
+        .map(|i| {
+            strings(&[
+                "RWLOCK.ACQUIRE",
+                "rw",
+                "READ",
+                &format!("reader-{i}"),
+                "PX",
+                "600000",
+            ])
+        })
+        .collect();
+    grants.push(strings(&[
+        "RWLOCK.ACQUIRE",
+        "rw",
+        "READ",
+        &big_owner,
+        "PX",
+        "600000",
+    ]));
+    pipe_all(&mut m, &grants);
+    caught_up(&mut m, &mut r);
+    let changes: [&[&str]; 5] = [
+        &["RWLOCK.ACQUIRE", "rw", "READ", "reader-5", "PX", "600000"],
+        &["RWLOCK.RENEW", "rw", "reader-7", "PX", "700000"],
+        &["RWLOCK.RENEW", "rw", &big_owner, "PX", "700000"],
+        &["RWLOCK.RELEASE", "rw", "READ", "reader-9"],
+        &["RWLOCK.RELEASE", "rw", "READ", &big_owner],
+    ];
+    for change in changes {
+        let before = repl_offset(&mut m, "master_repl_offset");
+        call(&mut m, change).unwrap();
+        let bytes = repl_offset(&mut m, "master_repl_offset") - before;
+        assert!(
+            bytes <= 300,
+            "{} bytes replicated for {:?}",
+            bytes,
+            &change[..3]
+        );
+    }
+    caught_up(&mut m, &mut r);
+    assert_eq!(digest(&mut m), digest(&mut r));
+}
+
+fn delta_new(kind: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
+    let mut d = vec![1, kind, b'N', b'w'];
+    d.extend(token.to_le_bytes());
+    d.extend(deadline.to_le_bytes());
+    d.extend((owner.len() as u32).to_le_bytes());
+    d.extend_from_slice(owner);
+    d
+}
+
+#[test]
+fn old_aof_files_load_and_bad_deltas_change_nothing() {
+    let now = unix_ms();
+    let deadline = (now + 600_000).to_string();
+    let token = ((now as u64) << 20).to_string();
+    let token2 = (((now as u64) << 20) + 1).to_string();
+    let mut aof = Vec::new();
+    aof.extend(resp(&[b"SELECT", b"0"]));
+    // The previous version replicated whole states with RLOCK.SETSTATE.
+    aof.extend(resp(&[
+        b"RLOCK.SETSTATE",
+        b"old",
+        b"rlock",
+        b"1",
+        b"a",
+        b"0",
+        b"2",
+        token.as_bytes(),
+        deadline.as_bytes(),
+    ]));
+    aof.extend(resp(&[b"PEXPIREAT", b"old", deadline.as_bytes()]));
+    aof.extend(resp(&[
+        b"RLOCK.SETSTATE",
+        b"rw",
+        b"rwlock",
+        b"2",
+        b"r1",
+        b"1",
+        b"0",
+        token2.as_bytes(),
+        deadline.as_bytes(),
+        b"r2",
+        b"3",
+        b"0",
+        b"77",
+        deadline.as_bytes(),
+    ]));
+    aof.extend(resp(&[b"SET", b"plain", b"v"]));
+    // Deltas that do not fit: a step for a holder that does not exist, a delta
+    // for a string key, a delta of another lock family, garbage, a token far
+    // beyond the clock. Each is refused and leaves its key as it was.
+    let mut end_unknown = vec![1u8, 2, b'E'];
+    end_unknown.extend(999u64.to_le_bytes());
+    aof.extend(resp(&[b"RLOCK.DELTA", b"rw", &end_unknown]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"plain",
+        &delta_new(0, 5, now + 1000, b"x"),
+    ]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"old",
+        &delta_new(1, 6, now + 1000, b"x"),
+    ]));
+    aof.extend(resp(&[b"RLOCK.DELTA", b"old", b"\x01\x00garbage"]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"far",
+        &delta_new(0, u64::MAX / 2, now + 1000, b"x"),
+    ]));
+    // And one that fits: a new holder on a fresh key.
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"new",
+        &delta_new(0, 42, now + 600_000, b"n"),
+    ]));
+
+    let s = Server::start_on_aof(&aof);
+    let mut c = s.client();
+    let info = info_map(&mut c, &["RLOCK.INFO", "old"]).expect("old SETSTATE loads");
+    assert_eq!(as_string(&field(&info, "owner")), "a");
+    assert_eq!(as_int(&field(&info, "holds")), 2);
+    let info = info_map(&mut c, &["RWLOCK.INFO", "rw"]).expect("old SETSTATE loads");
+    match field(&info, "readers") {
+        Value::Array(a) => assert_eq!(a.len(), 2),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(as_string(&call(&mut c, &["GET", "plain"]).unwrap()), "v");
+    assert_eq!(int(&mut c, &["EXISTS", "far"]), 0);
+    assert_eq!(
+        as_int(&field(
+            &info_map(&mut c, &["RLOCK.INFO", "new"]).unwrap(),
+            "token"
+        )),
+        42
+    );
+    let refused = s.log().matches("refused a replicated change").count();
+    assert_eq!(refused, 5, "{}", s.log());
+    // Later tokens are above everything loaded, and nothing was poisoned.
+    let t = int(&mut c, &["RLOCK.ACQUIRE", "next", "z"]);
+    assert!(t > token2.parse::<i64>().unwrap());
+    // The internal commands stay refused from clients.
+    let e = error(&mut c, &["RLOCK.DELTA", "x", "whatever"]);
+    assert!(e.contains("internal"), "{e}");
+}

@@ -1,0 +1,726 @@
+//! Failover with real `redis-sentinel` processes: a master and two replicas
+//! loading the module, three sentinels (quorum 2, down-after 1 s), and
+//! clients that find the master through Sentinel and loop ACQUIRE (BLOCK) ->
+//! WAIT 1 -> hold -> RELEASE while faults are injected. Every grant is
+//! recorded (owner, key, token, server, WAIT result, times) and checked:
+//!
+//! - kill -9 of the master: no overlap among grants acknowledged by WAIT;
+//!   tokens strictly increase per key in grant order; the killed node,
+//!   restarted, becomes a replica and converges (same `DEBUG DIGEST`);
+//! - SIGSTOP of the master past down-after (split brain): every token of the
+//!   new master outranks every token of the deposed one, no token is issued
+//!   twice; with `min-replicas-to-write 1`, no overlapping holders at all.
+//!
+//! The short runs are part of `make test`; the `#[ignore]`d long ones (more
+//! clients, several rounds of each fault) run in `make test-full`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{sleep, JoinHandle};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const NAME: &str = "rlockmaster";
+const LEASE_MS: u64 = 2000;
+
+// ---------------------------------------------------------------------------
+// The deployment
+
+struct Deployment {
+    servers: Vec<Server>,
+    sentinels: Vec<Sentinel>,
+}
+
+impl Deployment {
+    fn start(extra: &[&str]) -> Deployment {
+        let mut args = vec![
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let servers: Vec<Server> = (0..3).map(|_| Server::start_with(&args, &[])).collect();
+        for replica in &servers[1..] {
+            replica.replicate_from(&servers[0]);
+        }
+        let sentinels: Vec<Sentinel> = (0..3)
+            .map(|_| Sentinel::start(NAME, servers[0].port, 2, 1000))
+            .collect();
+        // Sentinels find each other (hello channel) and the replicas (INFO).
+        wait_until(Duration::from_secs(20), || {
+            sentinels.iter().all(|s| s.known(NAME) == (2, 2))
+        });
+        Deployment { servers, sentinels }
+    }
+
+    fn ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|s| s.port).collect()
+    }
+
+    fn server(&mut self, port: u16) -> &mut Server {
+        self.servers.iter_mut().find(|s| s.port == port).unwrap()
+    }
+
+    /// The master a majority of sentinels agree on.
+    fn master(&self) -> Option<u16> {
+        let mut votes: HashMap<u16, usize> = HashMap::new();
+        for s in &self.sentinels {
+            if let Some(p) = s.master_port(NAME) {
+                *votes.entry(p).or_default() += 1;
+            }
+        }
+        votes.into_iter().find(|(_, n)| *n >= 2).map(|(p, _)| p)
+    }
+
+    /// Waits until the sentinels name a master other than `old` and it says
+    /// it is a master; returns its port and when that was seen.
+    fn wait_failover(&self, old: u16) -> (u16, Instant) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(p) = self.master().filter(|p| *p != old) {
+                if role_of(p).as_deref() == Some("master") {
+                    return (p, Instant::now());
+                }
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self.sentinels.iter().map(|s| s.log()).collect();
+                panic!(
+                    "no failover within 30 s; sentinel logs:\n{}",
+                    logs.join("\n---\n")
+                );
+            }
+            sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the server on `port` replicates `master` with its link up.
+    fn wait_replica_of(&self, port: u16, master: u16, limit: Duration) {
+        wait_until(limit, || {
+            let Some(info) = info_replication(port) else {
+                return false;
+            };
+            info.contains("role:slave")
+                && info.contains(&format!("master_port:{master}\r"))
+                && info.contains("master_link_status:up")
+        });
+    }
+
+    /// All three nodes hold the same data: some long locks are taken on the
+    /// master, every replica acknowledges them, and `DEBUG DIGEST` agrees.
+    fn assert_converged(&self, master: u16) -> String {
+        let mut m = connect(master, Duration::from_secs(5)).unwrap();
+        // Locks the clients left behind end within a lease.
+        for i in 0..10 {
+            let t = int(
+                &mut m,
+                &[
+                    "RLOCK.ACQUIRE",
+                    &format!("final:{i}"),
+                    "owner",
+                    "PX",
+                    "60000",
+                ],
+            );
+            assert!(t > 0);
+        }
+        wait_until(Duration::from_secs(LEASE_MS / 1000 + 8), || {
+            int(&mut m, &["DBSIZE"]) == 10
+        });
+        let acked: i64 = cmd("WAIT").arg(2).arg(5000).query(&mut m).unwrap();
+        assert_eq!(acked, 2, "both replicas acknowledge");
+        let digests: Vec<String> = self
+            .servers
+            .iter()
+            .map(|s| {
+                let mut c = connect(s.port, Duration::from_secs(5)).unwrap();
+                cmd("DEBUG").arg("DIGEST").query(&mut c).unwrap()
+            })
+            .collect();
+        assert!(
+            digests.iter().all(|d| *d == digests[0]),
+            "datasets differ: {digests:?}"
+        );
+        assert_ne!(digests[0], "0".repeat(40));
+        digests[0].clone()
+    }
+}
+
+fn connect(port: u16, read_timeout: Duration) -> redis::RedisResult<Connection> {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+        .get_connection_with_timeout(Duration::from_millis(500))?;
+    c.set_read_timeout(Some(read_timeout))?;
+    c.set_write_timeout(Some(Duration::from_secs(2)))?;
+    Ok(c)
+}
+
+fn info_replication(port: u16) -> Option<String> {
+    let mut c = connect(port, Duration::from_secs(1)).ok()?;
+    cmd("INFO").arg("replication").query(&mut c).ok()
+}
+
+fn role_of(port: u16) -> Option<String> {
+    let mut c = connect(port, Duration::from_secs(1)).ok()?;
+    let role: Vec<Value> = cmd("ROLE").query(&mut c).ok()?;
+    role.first().map(as_string)
+}
+
+// ---------------------------------------------------------------------------
+// Clients and the history they record
+
+#[derive(Clone, Debug)]
+struct Grant {
+    owner: String,
+    key: String,
+    token: i64,
+    server: u16,
+    /// WAIT 1 100 on the granted connection (-1: it failed).
+    acks: i64,
+    /// Since the run started: ACQUIRE sent, reply received, hold given up
+    /// (RELEASE about to be sent, or the connection failed).
+    sent: Duration,
+    granted: Duration,
+    ended: Duration,
+}
+
+impl Grant {
+    /// When the holder may act as the holder: from the reply until it lets
+    /// go, never past the earliest moment its lease can end on the server.
+    fn safe(&self) -> (Duration, Duration) {
+        let lease_end = self.sent + Duration::from_millis(LEASE_MS);
+        (self.granted, self.ended.min(lease_end))
+    }
+
+    fn overlaps(&self, other: &Grant) -> bool {
+        let ((a0, a1), (b0, b1)) = (self.safe(), other.safe());
+        self.key == other.key && self.owner != other.owner && a0 < b1 && b0 < a1
+    }
+}
+
+struct ClientOptions {
+    clients: usize,
+    keys: usize,
+    /// BLOCK of each ACQUIRE, cycled over clients.
+    blocks: &'static [u64],
+    /// Read timeout of client connections: longer than a freeze lets a
+    /// deposed master answer them when it wakes (the worst case for safety).
+    read_timeout: Duration,
+    max_hold_ms: u64,
+}
+
+struct Clients {
+    stop: Arc<AtomicBool>,
+    history: Arc<Mutex<Vec<Grant>>>,
+    errors: Arc<AtomicU64>,
+    threads: Vec<JoinHandle<()>>,
+    start: Instant,
+}
+
+impl Clients {
+    fn run(sentinels: Vec<u16>, opts: ClientOptions) -> Clients {
+        let stop = Arc::new(AtomicBool::new(false));
+        let history = Arc::new(Mutex::new(Vec::new()));
+        let errors = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let threads = (0..opts.clients)
+            .map(|id| {
+                let (stop, history, errors) = (stop.clone(), history.clone(), errors.clone());
+                let sentinels = sentinels.clone();
+                let block = opts.blocks[id % opts.blocks.len()];
+                let (keys, read_timeout, max_hold) =
+                    (opts.keys, opts.read_timeout, opts.max_hold_ms);
+                std::thread::spawn(move || {
+                    client_loop(
+                        id,
+                        &sentinels,
+                        keys,
+                        block,
+                        read_timeout,
+                        max_hold,
+                        start,
+                        &stop,
+                        &history,
+                        &errors,
+                    )
+                })
+            })
+            .collect();
+        Clients {
+            stop,
+            history,
+            errors,
+            threads,
+            start,
+        }
+    }
+
+    fn since_start(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn finish(self) -> (Vec<Grant>, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let history = std::mem::take(&mut *self.history.lock().unwrap());
+        (history, self.errors.load(Ordering::Relaxed))
+    }
+}
+
+/// Asks the sentinels, in turn, where the master is (as redis-py's Sentinel
+/// does), and connects if that server says it is the master.
+fn discover(
+    sentinels: &[u16],
+    turn: &mut usize,
+    read_timeout: Duration,
+) -> Option<(u16, Connection)> {
+    for _ in 0..sentinels.len() {
+        *turn += 1;
+        let s = sentinels[*turn % sentinels.len()];
+        let Ok(mut sc) = connect(s, Duration::from_millis(500)) else {
+            continue;
+        };
+        let addr: Option<(String, u16)> = cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(NAME)
+            .query(&mut sc)
+            .ok()
+            .flatten();
+        let Some((_, port)) = addr else { continue };
+        let Ok(mut c) = connect(port, Duration::from_millis(1000)) else {
+            continue;
+        };
+        let role: Option<Vec<Value>> = cmd("ROLE").query(&mut c).ok();
+        if role.and_then(|r| r.first().map(as_string)).as_deref() == Some("master") {
+            c.set_read_timeout(Some(read_timeout)).ok()?;
+            return Some((port, c));
+        }
+    }
+    None
+}
+
+#[allow(clippy::too_many_arguments)]
+fn client_loop(
+    id: usize,
+    sentinels: &[u16],
+    keys: usize,
+    block: u64,
+    read_timeout: Duration,
+    max_hold: u64,
+    start: Instant,
+    stop: &AtomicBool,
+    history: &Mutex<Vec<Grant>>,
+    errors: &AtomicU64,
+) {
+    let mut turn = id;
+    let mut seq = 0u64;
+    // A small deterministic generator per client: keys and hold times.
+    let mut rng = (id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n.max(1)
+    };
+    'discover: while !stop.load(Ordering::Relaxed) {
+        let Some((port, mut c)) = discover(sentinels, &mut turn, read_timeout) else {
+            sleep(Duration::from_millis(50));
+            continue;
+        };
+        while !stop.load(Ordering::Relaxed) {
+            seq += 1;
+            let owner = format!("c{id}:{seq}");
+            let key = format!("lock:{}", next(keys as u64));
+            let sent = start.elapsed();
+            let reply = call(
+                &mut c,
+                &[
+                    "RLOCK.ACQUIRE",
+                    &key,
+                    &owner,
+                    "PX",
+                    &LEASE_MS.to_string(),
+                    "BLOCK",
+                    &block.to_string(),
+                ],
+            );
+            let token = match reply {
+                Ok(Value::Int(t)) => t,
+                Ok(_) => continue,
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    sleep(Duration::from_millis(20));
+                    continue 'discover;
+                }
+            };
+            let granted = start.elapsed();
+            let acks: i64 = cmd("WAIT").arg(1).arg(100).query(&mut c).unwrap_or(-1);
+            let mut grant = Grant {
+                owner,
+                key,
+                token,
+                server: port,
+                acks,
+                sent,
+                granted,
+                ended: granted,
+            };
+            if acks < 0 {
+                grant.ended = start.elapsed();
+                history.lock().unwrap().push(grant);
+                errors.fetch_add(1, Ordering::Relaxed);
+                continue 'discover;
+            }
+            sleep(Duration::from_millis(next(max_hold)));
+            grant.ended = start.elapsed();
+            let released = call(&mut c, &["RLOCK.RELEASE", &grant.key, &grant.owner]);
+            history.lock().unwrap().push(grant);
+            if released.is_err() {
+                errors.fetch_add(1, Ordering::Relaxed);
+                continue 'discover;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The checks
+
+fn overlapping(grants: &[&Grant]) -> Vec<(Grant, Grant)> {
+    let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+    for g in grants {
+        by_key.entry(&g.key).or_default().push(g);
+    }
+    let mut out = vec![];
+    for list in by_key.values_mut() {
+        list.sort_by_key(|g| g.granted);
+        for (i, a) in list.iter().enumerate() {
+            for b in &list[i + 1..] {
+                if b.granted >= a.safe().1 {
+                    break;
+                }
+                if a.overlaps(b) {
+                    out.push(((*a).clone(), (*b).clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per key, in the order the grants reached their clients, tokens strictly increase.
+fn tokens_out_of_order(history: &[Grant]) -> Vec<(Grant, Grant)> {
+    let mut by_key: HashMap<&str, Vec<&Grant>> = HashMap::new();
+    for g in history {
+        by_key.entry(&g.key).or_default().push(g);
+    }
+    let mut out = vec![];
+    for list in by_key.values_mut() {
+        list.sort_by_key(|g| g.granted);
+        for w in list.windows(2) {
+            if w[1].token <= w[0].token {
+                out.push((w[0].clone(), w[1].clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The same token handed to two different owners (on any keys, any servers).
+fn duplicate_tokens(history: &[Grant]) -> Vec<(Grant, Grant)> {
+    let mut seen: HashMap<i64, &Grant> = HashMap::new();
+    let mut out = vec![];
+    for g in history {
+        if let Some(prev) = seen.insert(g.token, g) {
+            out.push((prev.clone(), g.clone()));
+        }
+    }
+    out
+}
+
+fn summary(label: &str, history: &[Grant], errors: u64) {
+    let mut per_server: HashMap<u16, usize> = HashMap::new();
+    for g in history {
+        *per_server.entry(g.server).or_default() += 1;
+    }
+    let acked = history.iter().filter(|g| g.acks >= 1).count();
+    eprintln!(
+        "[{label}] {} grants ({acked} acknowledged by WAIT) per server {per_server:?}, {errors} client errors",
+        history.len()
+    );
+}
+
+/// One server's time as (possibly deposed) master: from the fault that made
+/// it master (0 for the first) until it was seen back as a replica (or the
+/// end). A server is master again only after a later fault, so its tenures
+/// never overlap.
+#[derive(Clone, Copy, Debug)]
+struct Tenure {
+    server: u16,
+    from: Duration,
+    until: Duration,
+}
+
+impl Tenure {
+    fn grants<'a>(&self, history: &'a [Grant]) -> Vec<&'a Grant> {
+        history
+            .iter()
+            .filter(|g| {
+                g.server == self.server && g.granted >= self.from && g.granted <= self.until
+            })
+            .collect()
+    }
+}
+
+/// Every token of a tenure is above every token of the one before it (the
+/// master it replaced, also while that one kept granting as a deposed master).
+fn assert_tenures_ordered(history: &[Grant], tenures: &[Tenure]) {
+    for pair in tenures.windows(2) {
+        let (old, new) = (pair[0].grants(history), pair[1].grants(history));
+        assert!(!new.is_empty(), "no grants on the new master {:?}", pair[1]);
+        let max_old = old.iter().map(|g| g.token).max();
+        let min_new = new.iter().map(|g| g.token).min();
+        if let (Some(o), Some(n)) = (max_old, min_new) {
+            assert!(
+                n > o,
+                "a token of master {:?} ({o}) outranks its successor's {:?} ({n})",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios
+
+struct Timing {
+    warmup: Duration,
+    after: Duration,
+}
+
+/// kill -9 of the master, failover, restart of the killed node as a replica.
+fn kill_scenario(clients: usize, rounds: usize, timing: &Timing) {
+    let mut d = Deployment::start(&[]);
+    let run = Clients::run(
+        d.ports(),
+        ClientOptions {
+            clients,
+            keys: 3,
+            blocks: &[1000, 3000],
+            read_timeout: Duration::from_secs(3),
+            max_hold_ms: 300,
+        },
+    );
+    let mut tenures = vec![Tenure {
+        server: d.servers[0].port,
+        from: Duration::ZERO,
+        until: Duration::MAX,
+    }];
+    for round in 0..rounds {
+        sleep(timing.warmup);
+        let old = tenures.last().unwrap().server;
+        let killed_at = run.since_start();
+        let killed = Instant::now();
+        d.server(old).kill();
+        let (new, seen) = d.wait_failover(old);
+        eprintln!(
+            "[kill round {round}] master {old} killed at {killed_at:?}; {new} promoted after {:?}",
+            seen - killed
+        );
+        tenures.last_mut().unwrap().until = run.since_start();
+        tenures.push(Tenure {
+            server: new,
+            from: killed_at,
+            until: Duration::MAX,
+        });
+        sleep(timing.after);
+        // The killed node comes back empty; Sentinel makes it a replica.
+        d.server(old).start_again();
+        d.wait_replica_of(old, new, Duration::from_secs(30));
+        eprintln!("[kill round {round}] {old} rejoined as a replica of {new}");
+    }
+    sleep(Duration::from_millis(500));
+    let (history, errors) = run.finish();
+    let new = tenures.last().unwrap().server;
+    // Every node ends with the same data.
+    for s in &d.servers {
+        if s.port != new {
+            d.wait_replica_of(s.port, new, Duration::from_secs(30));
+        }
+    }
+    let digest = d.assert_converged(new);
+    summary("kill", &history, errors);
+    eprintln!("[kill] converged, digest {digest}");
+
+    assert_tenures_ordered(&history, &tenures);
+    let acked: Vec<&Grant> = history.iter().filter(|g| g.acks >= 1).collect();
+    let overlaps = overlapping(&acked);
+    assert!(
+        overlaps.is_empty(),
+        "acknowledged grants overlap: {overlaps:#?}"
+    );
+    let all: Vec<&Grant> = history.iter().collect();
+    eprintln!(
+        "[kill] overlaps among all grants (acknowledged or not): {}",
+        overlapping(&all).len()
+    );
+    let disorder = tokens_out_of_order(&history);
+    assert!(
+        disorder.is_empty(),
+        "tokens not increasing per key: {disorder:#?}"
+    );
+    let dups = duplicate_tokens(&history);
+    assert!(dups.is_empty(), "a token was issued twice: {dups:#?}");
+}
+
+/// SIGSTOP of the master past down-after: Sentinel promotes a replica while
+/// the old master sleeps; it wakes as a deposed master until Sentinel turns
+/// it into a replica.
+fn freeze_scenario(min_replicas: bool, clients: usize, rounds: usize, timing: &Timing) {
+    let extra: &[&str] = if min_replicas {
+        &[
+            "--min-replicas-to-write",
+            "1",
+            "--min-replicas-max-lag",
+            "1",
+        ]
+    } else {
+        &[]
+    };
+    let label = if min_replicas {
+        "freeze, min-replicas-to-write 1"
+    } else {
+        "freeze"
+    };
+    let mut d = Deployment::start(extra);
+    let run = Clients::run(
+        d.ports(),
+        ClientOptions {
+            clients,
+            keys: 3,
+            // Some waits outlast the freeze, so the deposed master still has
+            // in-time waiters to hand a lock to when it wakes.
+            blocks: &[1000, 9000],
+            read_timeout: Duration::from_secs(12),
+            max_hold_ms: 300,
+        },
+    );
+    let mut tenures = vec![Tenure {
+        server: d.servers[0].port,
+        from: Duration::ZERO,
+        until: Duration::MAX,
+    }];
+    let mut freezes = vec![];
+    for round in 0..rounds {
+        sleep(timing.warmup);
+        let old = tenures.last().unwrap().server;
+        let frozen_at = run.since_start();
+        d.server(old).freeze();
+        let (new, _) = d.wait_failover(old);
+        // Stay frozen a little longer than the failover took.
+        sleep(Duration::from_millis(1000));
+        d.server(old).thaw();
+        let thawed_at = run.since_start();
+        eprintln!(
+            "[{label} round {round}] {old} frozen {frozen_at:?}..{thawed_at:?}; {new} promoted"
+        );
+        tenures.push(Tenure {
+            server: new,
+            from: frozen_at,
+            until: Duration::MAX,
+        });
+        d.wait_replica_of(old, new, Duration::from_secs(30));
+        let rejoined = run.since_start();
+        // The deposed master's tenure lasts until it is a replica again.
+        let deposed = tenures.len() - 2;
+        tenures[deposed].until = rejoined;
+        freezes.push((tenures[deposed], thawed_at));
+        eprintln!("[{label} round {round}] {old} is a replica of {new} again at {rejoined:?}");
+        sleep(timing.after);
+    }
+    let (history, errors) = run.finish();
+    summary(label, &history, errors);
+    let new = tenures.last().unwrap().server;
+    for s in &d.servers {
+        if s.port != new {
+            d.wait_replica_of(s.port, new, Duration::from_secs(30));
+        }
+    }
+    d.assert_converged(new);
+
+    assert_tenures_ordered(&history, &tenures);
+    for (deposed, thawed_at) in &freezes {
+        let woke: Vec<&Grant> = deposed
+            .grants(&history)
+            .into_iter()
+            .filter(|g| g.granted >= *thawed_at)
+            .collect();
+        eprintln!(
+            "[{label}] deposed master {} granted {} locks between waking ({thawed_at:?}) and rejoining ({:?})",
+            deposed.server,
+            woke.len(),
+            deposed.until
+        );
+        if min_replicas {
+            assert!(woke.is_empty(), "the deposed master granted: {woke:#?}");
+        }
+    }
+    let dups = duplicate_tokens(&history);
+    assert!(dups.is_empty(), "a token was issued twice: {dups:#?}");
+    let all: Vec<&Grant> = history.iter().collect();
+    let overlaps = overlapping(&all);
+    eprintln!("[{label}] overlapping holders: {}", overlaps.len());
+    if min_replicas {
+        assert!(overlaps.is_empty(), "holders overlap: {overlaps:#?}");
+    }
+}
+
+const SHORT: Timing = Timing {
+    warmup: Duration::from_millis(2000),
+    after: Duration::from_millis(2000),
+};
+const LONG: Timing = Timing {
+    warmup: Duration::from_millis(5000),
+    after: Duration::from_millis(5000),
+};
+
+#[test]
+fn kill_of_the_master() {
+    kill_scenario(6, 1, &SHORT);
+}
+
+#[test]
+fn freeze_of_the_master() {
+    freeze_scenario(false, 6, 1, &SHORT);
+}
+
+#[test]
+fn freeze_of_the_master_with_min_replicas_to_write() {
+    freeze_scenario(true, 6, 1, &SHORT);
+}
+
+#[test]
+#[ignore = "long: make test-full"]
+fn long_kills_of_the_master() {
+    kill_scenario(16, 3, &LONG);
+}
+
+#[test]
+#[ignore = "long: make test-full"]
+fn long_freezes_of_the_master() {
+    freeze_scenario(false, 16, 3, &LONG);
+}
+
+#[test]
+#[ignore = "long: make test-full"]
+fn long_freezes_of_the_master_with_min_replicas_to_write() {
+    freeze_scenario(true, 16, 3, &LONG);
+}

@@ -1,0 +1,104 @@
+//! An expiry storm: 100,000 leases ending in the same few milliseconds. Every
+//! lease ends, every parked waiter is served exactly once and in arrival order
+//! per key, the server keeps answering meanwhile, and the counters are exact.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn a_hundred_thousand_leases_with_one_deadline() {
+    const LOCKS: usize = 100_000;
+    const CONTENDED: usize = 200;
+    let s = Server::start_with(
+        &["--save", "", "--appendonly", "no", "--maxclients", "2000"],
+        &[],
+    );
+    let mut c = s.client();
+    let deadline = unix_ms() + 4000;
+    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(1000) {
+        let px = deadline - unix_ms();
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("RLOCK.ACQUIRE")
+                .arg(format!("k{i}"))
+                .arg("holder")
+                .arg("PX")
+                .arg(px);
+        }
+        let _: Vec<i64> = p.query(&mut c).unwrap();
+    }
+    assert!(unix_ms() < deadline - 1000, "loading took too long to test");
+    // Two waiters on each of the first keys, parked in a known order; each
+    // holds for 300 ms once granted, so the second gets the lock when the
+    // first one's lease ends.
+    let mut waiters = Vec::new();
+    for round in 0..2 {
+        for i in 0..CONTENDED {
+            let owner = format!("w{round}");
+            waiters.push((
+                i,
+                round,
+                spawn_call(
+                    &s,
+                    &[
+                        "RLOCK.ACQUIRE",
+                        &format!("k{i}"),
+                        &owner,
+                        "PX",
+                        "300",
+                        "BLOCK",
+                        "20000",
+                    ],
+                ),
+            ));
+            wait_parked(&mut c, (round * CONTENDED + i + 1) as i64);
+        }
+    }
+    // A client pinging throughout: the server must keep answering.
+    let stop = Arc::new(AtomicBool::new(false));
+    let pinger = {
+        let mut p = s.client();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let _: String = cmd("PING").query(&mut p).unwrap();
+                worst = worst.max(t.elapsed());
+                sleep(Duration::from_millis(1));
+            }
+            worst
+        })
+    };
+    let mut tokens = vec![[0i64; 2]; CONTENDED];
+    for (i, round, w) in waiters {
+        match w.join().unwrap().0 {
+            Ok(Value::Int(t)) => tokens[i][round] = t,
+            other => panic!("waiter {round} of k{i} got {other:?}"),
+        }
+    }
+    for (i, t) in tokens.iter().enumerate() {
+        assert!(t[0] < t[1], "k{i}: granted out of arrival order {t:?}");
+    }
+    wait_until(Duration::from_secs(30), || stat(&mut c, "locks") == 0);
+    stop.store(true, Ordering::Relaxed);
+    let worst = pinger.join().unwrap();
+    assert!(worst < Duration::from_secs(1), "PING waited {worst:?}");
+    assert_eq!(int(&mut c, &["DBSIZE"]), 0);
+    // Every lease ended exactly once: the holders', then both waiters'.
+    assert_eq!(
+        stat(&mut c, "lease_expirations"),
+        (LOCKS + 2 * CONTENDED) as i64
+    );
+    assert_eq!(stat(&mut c, "contended_grants"), (2 * CONTENDED) as i64);
+    assert_eq!(stat(&mut c, "grants"), (LOCKS + 2 * CONTENDED) as i64);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    assert_eq!(stat(&mut c, "wait_timeouts"), 0);
+    assert_eq!(stat(&mut c, "lease_schedule"), 0);
+}
