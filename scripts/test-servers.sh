@@ -52,7 +52,7 @@ for server in ${SERVERS:-redis-7.0 redis-8.2 valkey-8.1}; do
 		echo "----- [$server] Node example: not run (node or ioredis missing; make deps installs them)"
 	fi
 	run "$server" "cargo test (module integration suites, Rust client library)" \
-		cargo test --release --workspace --tests -- --test-threads=4
+		cargo test --release --workspace --tests --no-fail-fast -- --test-threads=4
 	echo "----- [$server] all suites ran in $((SECONDS - started)) s -----"
 done
 
