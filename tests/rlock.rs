@@ -683,7 +683,7 @@ fn default_lease_is_configurable() {
 fn bad_module_arguments_refuse_the_load() {
     let dir = std::env::temp_dir().join(format!("rlock-badargs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = std::process::Command::new("redis-server")
+    let out = std::process::Command::new(server_binary())
         .arg("--port")
         .arg(free_port().to_string())
         .arg("--dir")
@@ -694,6 +694,7 @@ fn bad_module_arguments_refuse_the_load() {
         .arg("zero")
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         !out.status.success(),
         "redis-server must refuse a module it could not load"

@@ -332,7 +332,10 @@ fn frozen_master_deposed_in_split_brain_hands_nothing_over_when_it_wakes() {
     replica.replicate_from(&master);
     let mut m = master.client();
     wait_good_replicas(&mut m, 1);
-    int(&mut m, &["RLOCK.ACQUIRE", "k", "h", "PX", "500"]);
+    // The lease must outlast the WAIT (up to ~1 s when the replica acks on its
+    // once-a-second REPLCONF ACK) and end during the 3 s sleep below: with
+    // 500 ms it sometimes ended before the waiter parked, which then got the lock.
+    int(&mut m, &["RLOCK.ACQUIRE", "k", "h", "PX", "2000"]);
     assert_eq!(wait_acked(&mut m, 2000), 1);
     let w = waiter(&master, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "5000"], 200);
     wait_parked(&mut m, 1);

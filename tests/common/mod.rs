@@ -26,6 +26,25 @@ pub fn module_path() -> PathBuf {
     p
 }
 
+/// The server binary every test starts: `RLOCK_SERVER` (a path or a name on
+/// PATH, e.g. `.servers/redis-8.2/redis-server` or a `valkey-server`), else
+/// `redis-server`. `make test` runs the suites once per server this way.
+pub fn server_binary() -> String {
+    std::env::var("RLOCK_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// `INFO server` of a running server, as (field, value) lines.
+pub fn server_info(c: &mut Connection, field_name: &str) -> Option<String> {
+    let info: String = cmd("INFO").arg("server").query(c).ok()?;
+    let prefix = format!("{field_name}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().to_string())
+}
+
 /// Unix time in milliseconds (the clock the server's deadlines use).
 pub fn unix_ms() -> i64 {
     std::time::SystemTime::now()
@@ -115,10 +134,10 @@ impl Server {
                     "--log-file={}",
                     self.dir.join(format!("valgrind-{port}-%p.log")).display()
                 ))
-                .arg("redis-server");
+                .arg(server_binary());
             v
         } else {
-            Command::new("redis-server")
+            Command::new(server_binary())
         };
         let child = command
             .arg("--port")
@@ -131,7 +150,12 @@ impl Server {
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
-            .expect("redis-server must be installed (make deps)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} (make deps installs it): {e}",
+                    server_binary()
+                )
+            });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(if valgrind() { 60 } else { 10 });
         loop {
@@ -543,12 +567,15 @@ impl Sentinel {
         )
         .unwrap();
         let log = std::fs::File::create(dir.join("sentinel.log")).unwrap();
-        let child = Command::new("redis-sentinel")
+        // The sentinel of the server under test (`redis-server conf --sentinel`
+        // is what Debian's redis-sentinel runs; Valkey's works the same way).
+        let child = Command::new(server_binary())
             .arg(&conf)
+            .arg("--sentinel")
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
-            .expect("redis-sentinel must be installed (make deps)");
+            .unwrap_or_else(|e| panic!("cannot start {} --sentinel: {e}", server_binary()));
         let mut s = Sentinel {
             port,
             dir,

@@ -1,0 +1,62 @@
+"""Client library for the rlock Redis module (``RLOCK.*``, ``FAIRLOCK.*``,
+``RWLOCK.*``), on redis-py, plus RedLock over independent servers.
+
+    import redis
+    from rlock import Lock
+
+    r = redis.Redis()
+    with Lock(r, "orders:42", lease_ms=10_000) as lock:  # waits on the server (BLOCK)
+        write_somewhere(fence=lock.token)                # this tenure's fencing token
+
+* ``acquire(blocking=True, timeout=None)`` returns the fencing token, or None
+  when the lock was busy (``blocking=False``) or ``timeout`` seconds passed;
+  ``with`` raises ``NotAcquired`` instead (``Lock(..., timeout=s)``).
+* While held, a daemon thread renews the lease every lease/3. When the server
+  says the owner no longer holds the lock (or no renewal got through for a
+  whole lease), ``lock.lost`` is set, ``on_lost(lock)`` is called, and leaving
+  the ``with`` block raises ``LockLost``.
+* ``acquire_via_pubsub()`` (or ``use_pubsub=True``) waits without parking a
+  connection: it subscribes to ``__rlock@<db>__:<key>`` and retries on each
+  message and when the holder's lease runs out.
+* ``FairLock``, ``ReadWriteLock`` (``rw.read`` / ``rw.write``), and in
+  ``rlock.aio`` the same for ``redis.asyncio``.
+* ``RedLock``: quorum over independent servers; its per-server tokens are not
+  one fencing token.
+"""
+
+from ._common import (
+    DEFAULT_LEASE_MS,
+    END_MESSAGES,
+    LockError,
+    LockLost,
+    NotAcquired,
+    default_owner,
+    unlock_channel,
+)
+from ._sync import (
+    FairLock,
+    Lock,
+    ReadLock,
+    ReadWriteLock,
+    RedLock,
+    RedLockGrant,
+    WriteLock,
+)
+
+__all__ = [
+    "DEFAULT_LEASE_MS",
+    "END_MESSAGES",
+    "FairLock",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "NotAcquired",
+    "ReadLock",
+    "ReadWriteLock",
+    "RedLock",
+    "RedLockGrant",
+    "WriteLock",
+    "default_owner",
+    "unlock_channel",
+]
+__version__ = "0.1.0"

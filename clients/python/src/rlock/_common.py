@@ -1,0 +1,138 @@
+"""What the sync and asyncio halves share: command building, replies, errors."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any, Dict, List, Optional, Union
+
+KeyT = Union[str, bytes]
+
+#: Messages the module publishes on ``__rlock@<db>__:<key>`` when a hold ends.
+END_MESSAGES = frozenset(
+    {b"released", b"expired", b"forced", "released", "expired", "forced"}
+)
+
+#: Default lease of every lock object, in milliseconds (the module's own default).
+DEFAULT_LEASE_MS = 30000
+
+
+class LockError(Exception):
+    """Base class of this library's errors."""
+
+
+class NotAcquired(LockError):
+    """A ``with`` block (or ``acquire(..., raise_on_timeout=True)``) could not get
+    the lock within its timeout."""
+
+
+class LockLost(LockError):
+    """The server no longer knows this owner as a holder: the lease ran out
+    (renewals failed) or somebody forced the lock free. Stop touching the
+    protected resource; a fencing-token check there rejects late writes."""
+
+
+def default_owner() -> str:
+    """Redisson's convention: ``<random uuid>:<thread id>``."""
+    return "%s:%d" % (uuid.uuid4(), threading.get_ident())
+
+
+def unlock_channel(db: int, key: KeyT) -> str:
+    """The channel the module publishes on when a hold of ``key`` ends."""
+    if isinstance(key, bytes):
+        key = key.decode("utf-8", "surrogateescape")
+    return "__rlock@%d__:%s" % (db, key)
+
+
+def db_of(client: Any) -> int:
+    """The database number a redis-py client (sync or asyncio) talks to."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    return int(kwargs.get("db", 0) or 0)
+
+
+def is_notowner(error: BaseException) -> bool:
+    return str(error).startswith("NOTOWNER")
+
+
+def is_end_message(message: Optional[Dict[str, Any]]) -> bool:
+    return (
+        message is not None
+        and message.get("type") in ("message", b"message")
+        and message.get("data") in END_MESSAGES
+    )
+
+
+def block_ms(blocking: bool, timeout: Optional[float]) -> Optional[int]:
+    """The BLOCK argument: None (no BLOCK), 0 (forever) or at least 1 ms."""
+    if not blocking:
+        return None
+    if timeout is None:
+        return 0
+    if timeout <= 0:
+        return None  # a zero or negative timeout is one immediate try
+    return max(1, int(round(timeout * 1000)))
+
+
+def check_lease(lease_ms: int) -> int:
+    lease_ms = int(lease_ms)
+    if lease_ms <= 0:
+        raise ValueError("lease_ms must be a positive number of milliseconds")
+    return lease_ms
+
+
+class Family:
+    """The command prefix of a lock family and, for RWLOCK, the mode word."""
+
+    def __init__(self, prefix: str, mode: Optional[str] = None) -> None:
+        self.prefix = prefix
+        self.mode = mode
+
+    def acquire(
+        self, key: KeyT, owner: str, lease_ms: int, block: Optional[int]
+    ) -> List[Any]:
+        args: List[Any] = [self.prefix + ".ACQUIRE", key]
+        if self.mode:
+            args.append(self.mode)
+        args += [owner, "PX", lease_ms]
+        if block is not None:
+            args += ["BLOCK", block]
+        return args
+
+    def release(self, key: KeyT, owner: str) -> List[Any]:
+        args: List[Any] = [self.prefix + ".RELEASE", key]
+        if self.mode:
+            args.append(self.mode)
+        args.append(owner)
+        return args
+
+    def renew(self, key: KeyT, owner: str, lease_ms: int) -> List[Any]:
+        return [self.prefix + ".RENEW", key, owner, "PX", lease_ms]
+
+    def info(self, key: KeyT) -> List[Any]:
+        return [self.prefix + ".INFO", key]
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def parse_info(reply: Any) -> Optional[Dict[str, Any]]:
+    """A ``*.INFO`` reply (RESP2 flat list or RESP3 map) as a dict with str keys;
+    None when the key holds no lock."""
+    if reply is None:
+        return None
+    if isinstance(reply, dict):
+        items = list(reply.items())
+    else:
+        items = list(zip(reply[::2], reply[1::2]))
+    return {_text(k): v for k, v in items}
+
+
+def drift_ms(lease_ms: int, drift_factor: float) -> float:
+    """RedLock's clock-drift allowance: lease x factor + 2 ms."""
+    return lease_ms * drift_factor + 2.0
+
+
+def quorum(n: int) -> int:
+    return n // 2 + 1

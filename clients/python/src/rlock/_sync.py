@@ -1,0 +1,599 @@
+"""Locks on one server and RedLock over several, for the synchronous redis-py client."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ._common import (
+    DEFAULT_LEASE_MS,
+    Family,
+    KeyT,
+    LockLost,
+    NotAcquired,
+    block_ms,
+    check_lease,
+    db_of,
+    default_owner,
+    drift_ms,
+    is_end_message,
+    is_notowner,
+    parse_info,
+    quorum,
+    unlock_channel,
+)
+
+log = logging.getLogger("rlock")
+
+_PLAIN_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+_DERIVED: "weakref.WeakKeyDictionary[Any, Dict[Any, redis.Redis]]" = (
+    weakref.WeakKeyDictionary()
+)
+_CLONE_LOCK = threading.Lock()
+
+
+def _clone(client: "redis.Redis", **overrides: Any) -> Optional["redis.Redis"]:
+    """A client on a new pool with the same connection settings as ``client``'s,
+    except ``overrides``, and no command retries. None when the pool is not a
+    plain one (Sentinel, custom): then the caller uses ``client`` itself."""
+    pool = client.connection_pool
+    if type(pool) not in _PLAIN_POOLS:
+        return None
+    kwargs = dict(pool.connection_kwargs)
+    kwargs.update(overrides)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs["retry_on_timeout"] = False
+    new_pool = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    return redis.Redis(connection_pool=new_pool)
+
+
+def _derived(client: "redis.Redis", tag: Any, **overrides: Any) -> "redis.Redis":
+    """``client``'s settings with ``overrides`` and no retries, one per pool and
+    ``tag`` (``client`` itself when its pool cannot be cloned)."""
+    pool = client.connection_pool
+    with _CLONE_LOCK:
+        per_pool = _DERIVED.setdefault(pool, {})
+        found = per_pool.get(tag)
+        if found is None:
+            found = _clone(client, **overrides) or client
+            per_pool[tag] = found
+        return found
+
+
+def _blocking_client(client: "redis.Redis") -> "redis.Redis":
+    """The client ``BLOCK`` waits go through: ``client``'s settings without a
+    read timeout (the server always answers when BLOCK runs out, and redis-py's
+    default 5 s socket timeout would cut longer waits short) and without
+    retries (a retried ACQUIRE would queue again at the back)."""
+    kw = client.connection_pool.connection_kwargs
+    connect = kw.get("socket_connect_timeout") or kw.get("socket_timeout")
+    return _derived(client, "block", socket_timeout=None, socket_connect_timeout=connect)
+
+
+def _renewal_client(client: "redis.Redis", lease_ms: int) -> "redis.Redis":
+    """The client renewals go through: no retries (the next tick is the retry)
+    and a timeout of at most a third of the lease, so a dead server is noticed
+    while the lease may still run."""
+    timeout = max(0.01, lease_ms / 3000.0)
+    mine = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if mine is not None:
+        timeout = min(timeout, mine)
+    return _derived(client, ("renew", timeout), socket_timeout=timeout, socket_connect_timeout=timeout)
+
+
+class _Renewer:
+    """Renews one lock object's lease every lease/3 on its own daemon thread."""
+
+    def __init__(self, lock: "_LockBase") -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run,
+            args=(weakref.ref(lock), lock.lease_ms),
+            name="rlock-renew:%r" % (lock.key,),
+            daemon=True,
+        )
+        self.thread.start()
+
+    def _run(self, ref: "weakref.ref[_LockBase]", lease_ms: int) -> None:
+        interval = lease_ms / 3000.0
+        last_ok = time.monotonic()
+        while not self.stop.wait(interval):
+            lock = ref()
+            if lock is None:
+                return  # the lock object is gone: let the lease run out
+            lost: Optional[str] = None
+            # Under the object's mutex, so a RELEASE cannot slip in between
+            # the stop check and the RENEW (a late RENEW would say NOTOWNER).
+            with lock._mutex:
+                if self.stop.is_set():
+                    return
+                try:
+                    lock._send_renew()
+                    last_ok = time.monotonic()
+                except redis.ResponseError as e:
+                    if is_notowner(e):
+                        lost = str(e)
+                    else:
+                        log.warning("rlock renewal of %r: %s", lock.key, e)
+                except redis.RedisError as e:
+                    # Connection trouble: keep trying while the lease may still
+                    # run; once a whole lease passed without a renewal it ended.
+                    if time.monotonic() - last_ok >= lease_ms / 1000.0:
+                        lost = "no renewal reached the server for a whole lease (%s)" % e
+            if lost is not None:
+                lock._mark_lost(lost)
+                return
+            del lock
+
+
+class _LockBase:
+    """A lease-based lock on one key for one owner string (see the subclasses).
+
+    Reentrant: acquiring again while held adds a hold (same token); each
+    ``release()`` drops one. One object is one owner: use one object per thread
+    (or task) when they must exclude each other. Thread-safe.
+    """
+
+    _family: Family
+
+    def __init__(
+        self,
+        client: "redis.Redis",
+        key: KeyT,
+        owner: Optional[str] = None,
+        *,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        timeout: Optional[float] = None,
+        auto_renew: bool = True,
+        use_pubsub: bool = False,
+        on_lost: Optional[Callable[["_LockBase"], None]] = None,
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.owner = owner or default_owner()
+        self.lease_ms = check_lease(lease_ms)
+        #: Seconds ``with`` waits for the lock (None: until granted).
+        self.timeout = timeout
+        self.auto_renew = auto_renew
+        #: ``with`` uses the pub/sub path instead of parking a connection.
+        self.use_pubsub = use_pubsub
+        self.on_lost = on_lost
+        #: Set when the server said this owner no longer holds the lock.
+        self.lost = threading.Event()
+        self._token: Optional[int] = None
+        self._holds = 0
+        self._mutex = threading.RLock()
+        self._lost_mutex = threading.Lock()
+        self._renewer: Optional[_Renewer] = None
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token of the current tenure (None when not held)."""
+        return self._token
+
+    @property
+    def holds(self) -> int:
+        """Holds this object took and has not released."""
+        return self._holds
+
+    @property
+    def locked(self) -> bool:
+        """Held by this object, as far as it knows (not lost)."""
+        return self._holds > 0 and not self.lost.is_set()
+
+    @property
+    def renewing(self) -> bool:
+        r = self._renewer
+        return r is not None and r.thread.is_alive()
+
+    def check(self) -> None:
+        """Raises LockLost if the lock was lost while held."""
+        if self.lost.is_set():
+            raise LockLost("%s %r: lock lost" % (self._family.prefix, self.key))
+
+    # -- commands ----------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[int]:
+        """Takes the lock (or one more hold). Returns the fencing token, or None
+        when not granted.
+
+        ``blocking=False`` (or ``timeout <= 0``): one try, no wait. Otherwise the
+        server parks the call (``BLOCK``) until the lock is handed over or
+        ``timeout`` seconds pass (None: no limit) and None comes back.
+        """
+        block = block_ms(blocking, timeout)
+        client = self.client if block is None else _blocking_client(self.client)
+        args = self._family.acquire(self.key, self.owner, self.lease_ms, block)
+        reply = client.execute_command(*args)
+        if reply is None:
+            return None
+        return self._granted(int(reply))
+
+    def acquire_via_pubsub(
+        self, timeout: Optional[float] = None, safety_poll: float = 5.0
+    ) -> Optional[int]:
+        """Takes the lock without parking a connection on the server.
+
+        Subscribes to the unlock channel first (so no release is missed), tries
+        without BLOCK, and tries again on each ``released``/``expired``/``forced``
+        message and when the holder's lease (``PTTL``) runs out: a lease that
+        ends with nobody parked may be announced only when Redis expires the
+        key. ``safety_poll`` bounds every wait (a ``DEL`` publishes nothing).
+        No queue position: FAIRLOCK order only binds parked waiters.
+        Returns the token, or None after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(unlock_channel(db_of(self.client), self.key))
+            while True:
+                token = self.acquire(blocking=False)
+                if token is not None:
+                    return token
+                wait = self._retry_wait(self.client.pttl(self.key), safety_poll)
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    wait = min(wait, left)
+                end = time.monotonic() + wait
+                while True:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    if is_end_message(pubsub.get_message(timeout=left)):
+                        break
+        finally:
+            pubsub.close()
+
+    @staticmethod
+    def _retry_wait(pttl: int, safety_poll: float) -> float:
+        if pttl == -2:
+            return 0.001  # freed between the try and PTTL: try again now
+        if pttl < 0:
+            return safety_poll
+        return min(safety_poll, pttl / 1000.0 + 0.002)
+
+    def release(self) -> int:
+        """Drops one hold; returns the holds this owner has left (0: free).
+        Raises LockLost if the server says this owner holds nothing."""
+        args = self._family.release(self.key, self.owner)
+        notowner: Optional[redis.ResponseError] = None
+        with self._mutex:
+            try:
+                left = int(self.client.execute_command(*args))
+            except redis.ResponseError as e:
+                if not is_notowner(e):
+                    raise
+                notowner, left = e, 0
+            was_held = self._holds > 0
+            self._holds = left
+            renewer = self._stop_if_free()
+        if renewer is not None and renewer.thread is not threading.current_thread():
+            renewer.thread.join()
+        if notowner is not None:
+            self._mark_lost(str(notowner), notify=was_held)
+            raise LockLost(str(notowner)) from notowner
+        return left
+
+    def renew(self) -> None:
+        """Resets the lease now (the renewal thread does this every lease/3).
+        Raises LockLost when the server says this owner holds nothing."""
+        try:
+            self._send_renew()
+        except redis.ResponseError as e:
+            if is_notowner(e):
+                self._mark_lost(str(e))
+                raise LockLost(str(e)) from e
+            raise
+
+    def _send_renew(self) -> None:
+        _renewal_client(self.client, self.lease_ms).execute_command(*self._family.renew(self.key, self.owner, self.lease_ms))
+
+    def info(self) -> Optional[Dict[str, Any]]:
+        """``*.INFO`` as a dict with str keys (None when the key holds no lock)."""
+        return parse_info(self.client.execute_command(*self._family.info(self.key)))
+
+    # -- internals ---------------------------------------------------------
+
+    def _granted(self, token: int) -> int:
+        with self._mutex:
+            self._token = token
+            self._holds += 1
+            self.lost.clear()
+            if self.auto_renew and not self.renewing:
+                self._renewer = _Renewer(self)
+        return token
+
+    def _mark_lost(self, why: str, notify: bool = True) -> None:
+        with self._lost_mutex:
+            if self.lost.is_set():
+                return
+            self.lost.set()
+        log.warning("%s %r owner %s: lock lost (%s)", self._family.prefix, self.key, self.owner, why)
+        if notify and self.on_lost is not None:
+            try:
+                self.on_lost(self)
+            except Exception:  # a callback's failure must not kill the renewer
+                log.exception("rlock on_lost callback failed")
+
+    def _stop_if_free(self) -> Optional[_Renewer]:
+        """With the mutex held: when no hold is left, forgets the token and
+        tells the renewal thread to stop; returns it for joining."""
+        if self._holds > 0:
+            return None
+        self._token = None
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.stop.set()
+        return renewer
+
+    # -- context manager ---------------------------------------------------
+
+    def __enter__(self) -> "_LockBase":
+        if self.use_pubsub:
+            token = self.acquire_via_pubsub(timeout=self.timeout)
+        else:
+            token = self.acquire(timeout=self.timeout)
+        if token is None:
+            raise NotAcquired(
+                "%s %r not acquired within %ss" % (self._family.prefix, self.key, self.timeout)
+            )
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Releases the hold. If the lock was lost meanwhile, raises LockLost
+        (unless the block already raised): the work done under it was not
+        protected."""
+        was_lost = self.lost.is_set()
+        try:
+            if self._holds > 0:
+                self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            return
+        if was_lost and exc_type is None:
+            raise LockLost("%s %r: lock lost while held" % (self._family.prefix, self.key))
+
+    def __repr__(self) -> str:
+        return "<%s key=%r owner=%r holds=%d token=%r>" % (
+            type(self).__name__, self.key, self.owner, self._holds, self._token)
+
+
+class Lock(_LockBase):
+    """Reentrant lock (``RLOCK.*``).
+
+    >>> with Lock(r, "orders:42", lease_ms=10_000) as lock:
+    ...     write(fence=lock.token)
+    """
+
+    _family = Family("RLOCK")
+
+
+class FairLock(_LockBase):
+    """Fair lock (``FAIRLOCK.*``): parked waiters are granted in arrival order."""
+
+    _family = Family("FAIRLOCK")
+
+
+class ReadLock(_LockBase):
+    """The READ view of a ReadWriteLock (``RWLOCK.* READ``)."""
+
+    _family = Family("RWLOCK", "READ")
+
+
+class WriteLock(_LockBase):
+    """The WRITE view of a ReadWriteLock (``RWLOCK.* WRITE``)."""
+
+    _family = Family("RWLOCK", "WRITE")
+
+
+class ReadWriteLock:
+    """Read-write lock (``RWLOCK.*``) with two views sharing one owner:
+    ``rw.read`` and ``rw.write``, each a lock object with the same API as Lock.
+    Releasing WRITE while holding READ downgrades; asking WRITE while holding
+    only READ is refused by the server (``redis.ResponseError``)."""
+
+    def __init__(self, client: "redis.Redis", key: KeyT, owner: Optional[str] = None, **kwargs: Any) -> None:
+        owner = owner or default_owner()
+        self.key = key
+        self.owner = owner
+        self.read = ReadLock(client, key, owner, **kwargs)
+        self.write = WriteLock(client, key, owner, **kwargs)
+
+    def info(self) -> Optional[Dict[str, Any]]:
+        return self.read.info()
+
+
+# -- RedLock ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedLockGrant:
+    """A RedLock acquisition.
+
+    ``tokens[i]`` is server i's fencing token, or None where it did not grant.
+    They are NOT one fencing token: each server counts on its own, so they
+    cannot be compared across servers or across acquisitions. ``validity_ms``
+    is how long the lock is known to be held from ``acquired_at``
+    (``time.monotonic()``) on: lease - time spent acquiring - clock drift.
+    """
+
+    tokens: Tuple[Optional[int], ...]
+    validity_ms: float
+    acquired_at: float
+
+    @property
+    def valid_until(self) -> float:
+        """``time.monotonic()`` value past which the lock may have ended."""
+        return self.acquired_at + self.validity_ms / 1000.0
+
+    @property
+    def granted(self) -> int:
+        return sum(t is not None for t in self.tokens)
+
+
+def _redlock_client(server: Union["redis.Redis", str], timeout: float) -> "redis.Redis":
+    if isinstance(server, str):
+        return redis.Redis.from_url(
+            server, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+            socket_timeout=timeout, socket_connect_timeout=timeout)
+    clone = _clone(server, socket_timeout=timeout, socket_connect_timeout=timeout)
+    if clone is None:
+        raise ValueError(
+            "RedLock needs clients on plain connection pools (or URLs) to set its "
+            "per-server timeout")
+    return clone
+
+
+class RedLock:
+    """Quorum lock over N independent servers (masters with no replication
+    between them), each with the rlock module.
+
+    ``acquire`` sends ``RLOCK.ACQUIRE key owner PX lease`` (never BLOCK) to each
+    server in turn, each with a socket timeout of ``server_timeout`` seconds so
+    a dead or frozen server costs at most that. It holds the lock when at least
+    N/2+1 servers granted and the validity, lease - elapsed - drift (lease x
+    ``drift_factor`` + 2 ms), is still positive; otherwise it releases on every
+    server and (when blocking) retries after a random delay.
+
+    Each acquisition uses a fresh owner string, so a RedLock is not reentrant.
+    The per-server tokens are not one fencing token (see RedLockGrant).
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[Union["redis.Redis", str]],
+        key: KeyT,
+        *,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        server_timeout: float = 0.1,
+        retry_delay: float = 0.2,
+        drift_factor: float = 0.01,
+        timeout: Optional[float] = None,
+    ) -> None:
+        if not servers:
+            raise ValueError("RedLock needs at least one server")
+        self.clients: List[redis.Redis] = [_redlock_client(s, server_timeout) for s in servers]
+        self.key = key
+        self.lease_ms = check_lease(lease_ms)
+        self.server_timeout = server_timeout
+        self.retry_delay = retry_delay
+        self.drift_factor = drift_factor
+        #: Seconds ``with`` keeps retrying (None: until acquired).
+        self.timeout = timeout
+        self.owner: Optional[str] = None
+        self.grant: Optional[RedLockGrant] = None
+
+    @property
+    def quorum(self) -> int:
+        return quorum(len(self.clients))
+
+    def _each(self, args_for: Callable[[str], List[Any]]) -> List[Tuple[bool, Any]]:
+        """Sends one command to every server in turn: (answered, reply or error)."""
+        out: List[Tuple[bool, Any]] = []
+        assert self.owner is not None
+        for c in self.clients:
+            try:
+                out.append((True, c.execute_command(*args_for(self.owner))))
+            except redis.ResponseError as e:
+                out.append((True, e))
+            except redis.RedisError as e:  # timeout, refused, reset
+                out.append((False, e))
+        return out
+
+    def try_acquire(self) -> Optional[RedLockGrant]:
+        """One round over all servers. Returns the grant, or None (after
+        releasing on every server)."""
+        if self.grant is not None:
+            raise RuntimeError("this RedLock is held: release it first")
+        self.owner = "%s:redlock" % uuid.uuid4()
+        start = time.monotonic()
+        replies = self._each(lambda owner: ["RLOCK.ACQUIRE", self.key, owner, "PX", self.lease_ms])
+        elapsed_ms = (time.monotonic() - start) * 1000.0
+        tokens = tuple(
+            int(r) if ok and isinstance(r, int) else None for ok, r in replies)
+        validity = self.lease_ms - elapsed_ms - drift_ms(self.lease_ms, self.drift_factor)
+        granted = sum(t is not None for t in tokens)
+        if granted >= self.quorum and validity > 0:
+            self.grant = RedLockGrant(tokens, validity, start)
+            return self.grant
+        self._release_everywhere()
+        self.owner = None
+        return None
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[RedLockGrant]:
+        """``try_acquire`` until it succeeds, retrying after a random delay in
+        [retry_delay/2, retry_delay]; ``blocking=False`` is one round. None when
+        ``timeout`` seconds passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            grant = self.try_acquire()
+            if grant is not None or not blocking:
+                return grant
+            delay = random.uniform(self.retry_delay / 2, self.retry_delay)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                delay = min(delay, left)
+            time.sleep(delay)
+
+    def _release_everywhere(self) -> int:
+        replies = self._each(lambda owner: ["RLOCK.RELEASE", self.key, owner])
+        return sum(ok for ok, _ in replies)
+
+    def release(self) -> int:
+        """Releases on every server (also those that did not grant: their
+        answer may have been lost). Returns how many servers answered."""
+        if self.owner is None:
+            return 0
+        try:
+            return self._release_everywhere()
+        finally:
+            self.owner = None
+            self.grant = None
+
+    def extend(self) -> Optional[RedLockGrant]:
+        """Renews the lease on every server (``RLOCK.RENEW ... PX lease``).
+        Returns the new grant when a quorum renewed within the new validity,
+        else None: the lock must be taken as lost (it stays recorded so that
+        ``release`` still cleans up)."""
+        if self.owner is None or self.grant is None:
+            raise RuntimeError("this RedLock is not held")
+        start = time.monotonic()
+        replies = self._each(lambda owner: ["RLOCK.RENEW", self.key, owner, "PX", self.lease_ms])
+        elapsed_ms = (time.monotonic() - start) * 1000.0
+        renewed = [ok and r == 1 for ok, r in replies]
+        validity = self.lease_ms - elapsed_ms - drift_ms(self.lease_ms, self.drift_factor)
+        if sum(renewed) >= self.quorum and validity > 0:
+            tokens = tuple(t if ok else None for t, ok in zip(self.grant.tokens, renewed))
+            self.grant = RedLockGrant(tokens, validity, start)
+            return self.grant
+        return None
+
+    def __enter__(self) -> RedLockGrant:
+        grant = self.acquire(timeout=self.timeout)
+        if grant is None:
+            raise NotAcquired("RedLock %r not acquired within %ss" % (self.key, self.timeout))
+        return grant
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()

@@ -1,0 +1,444 @@
+"""The same locks for ``redis.asyncio``: ``AsyncLock``, ``AsyncFairLock``,
+``AsyncReadWriteLock`` and ``AsyncRedLock``.
+
+    from rlock.aio import AsyncLock
+
+    async with AsyncLock(aclient, "orders:42", lease_ms=10_000) as lock:
+        await write_somewhere(fence=lock.token)
+
+Renewal runs as an asyncio task on the running loop. A BLOCK wait occupies
+one pooled connection for its duration; ``use_pubsub=True`` (or
+``acquire_via_pubsub``) waits on the unlock channel instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from ._common import (
+    DEFAULT_LEASE_MS,
+    Family,
+    KeyT,
+    LockLost,
+    NotAcquired,
+    block_ms,
+    check_lease,
+    db_of,
+    default_owner,
+    drift_ms,
+    is_end_message,
+    is_notowner,
+    parse_info,
+    quorum,
+)
+from ._common import unlock_channel
+from ._sync import RedLockGrant
+
+log = logging.getLogger("rlock")
+
+ARedis = redis.asyncio.Redis
+
+
+def _clone(client: ARedis, **overrides: Any) -> Optional[ARedis]:
+    pool = client.connection_pool
+    if type(pool) not in (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool):
+        return None
+    kwargs = dict(pool.connection_kwargs)
+    kwargs.update(overrides)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs["retry_on_timeout"] = False
+    new_pool = redis.asyncio.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    return redis.asyncio.Redis(connection_pool=new_pool)
+
+
+def _blocking_client(client: ARedis) -> Optional[ARedis]:
+    """As in the sync half: no read timeout and no retries for a BLOCK wait.
+    A new client per wait, closed after it (clients are tied to an event
+    loop, so none is cached)."""
+    kw = client.connection_pool.connection_kwargs
+    connect = kw.get("socket_connect_timeout") or kw.get("socket_timeout")
+    return _clone(client, socket_timeout=None, socket_connect_timeout=connect)
+
+
+def _renewal_client(client: ARedis, lease_ms: int) -> Optional[ARedis]:
+    """As in the sync half: no retries, a timeout of at most lease/3. One per
+    renewal task, closed when it ends."""
+    timeout = max(0.01, lease_ms / 3000.0)
+    mine = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if mine is not None:
+        timeout = min(timeout, mine)
+    return _clone(client, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+
+async def _close(obj: Any) -> None:
+    closer = getattr(obj, "aclose", None) or obj.close
+    result = closer()
+    if asyncio.iscoroutine(result):
+        await result
+
+
+async def _close_own(client: ARedis) -> None:
+    """Closes a client this module made, with its connection pool."""
+    await _close(client)
+    await client.connection_pool.disconnect()
+
+
+class _AsyncLockBase:
+    """Async twin of the sync lock objects (same arguments and meaning)."""
+
+    _family: Family
+
+    def __init__(
+        self,
+        client: ARedis,
+        key: KeyT,
+        owner: Optional[str] = None,
+        *,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        timeout: Optional[float] = None,
+        auto_renew: bool = True,
+        use_pubsub: bool = False,
+        on_lost: Optional[Callable[["_AsyncLockBase"], Union[None, Awaitable[None]]]] = None,
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.owner = owner or default_owner()
+        self.lease_ms = check_lease(lease_ms)
+        self.timeout = timeout
+        self.auto_renew = auto_renew
+        self.use_pubsub = use_pubsub
+        self.on_lost = on_lost
+        self.lost = asyncio.Event()
+        self._token: Optional[int] = None
+        self._holds = 0
+        self._mutex = asyncio.Lock()
+        self._renewer: Optional["asyncio.Task[None]"] = None
+
+    @property
+    def token(self) -> Optional[int]:
+        return self._token
+
+    @property
+    def holds(self) -> int:
+        return self._holds
+
+    @property
+    def locked(self) -> bool:
+        return self._holds > 0 and not self.lost.is_set()
+
+    @property
+    def renewing(self) -> bool:
+        return self._renewer is not None and not self._renewer.done()
+
+    def check(self) -> None:
+        if self.lost.is_set():
+            raise LockLost("%s %r: lock lost" % (self._family.prefix, self.key))
+
+    async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[int]:
+        """Token, or None when not granted (see the sync ``acquire``)."""
+        block = block_ms(blocking, timeout)
+        own = None if block is None else _blocking_client(self.client)
+        try:
+            reply = await (own or self.client).execute_command(
+                *self._family.acquire(self.key, self.owner, self.lease_ms, block))
+        finally:
+            if own is not None:
+                await _close_own(own)
+        if reply is None:
+            return None
+        token = int(reply)
+        self._token = token
+        self._holds += 1
+        self.lost.clear()
+        if self.auto_renew and not self.renewing:
+            self._renewer = asyncio.ensure_future(self._renew_loop())
+        return token
+
+    async def acquire_via_pubsub(
+        self, timeout: Optional[float] = None, safety_poll: float = 5.0
+    ) -> Optional[int]:
+        """No parked connection: subscribe, try, retry on each end-of-hold
+        message and at the holder's PTTL (see the sync version)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(unlock_channel(db_of(self.client), self.key))
+            while True:
+                token = await self.acquire(blocking=False)
+                if token is not None:
+                    return token
+                pttl = await self.client.pttl(self.key)
+                if pttl == -2:
+                    wait = 0.001
+                elif pttl < 0:
+                    wait = safety_poll
+                else:
+                    wait = min(safety_poll, pttl / 1000.0 + 0.002)
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        return None
+                    wait = min(wait, left)
+                end = loop.time() + wait
+                while True:
+                    left = end - loop.time()
+                    if left <= 0:
+                        break
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+                    if is_end_message(msg):
+                        break
+        finally:
+            await _close(pubsub)
+
+    async def release(self) -> int:
+        async with self._mutex:
+            try:
+                left = int(await self.client.execute_command(
+                    *self._family.release(self.key, self.owner)))
+            except redis.ResponseError as e:
+                if not is_notowner(e):
+                    raise
+                was_held = self._holds > 0
+                self._holds = 0
+                await self._stop_renewer()
+                await self._mark_lost(str(e), notify=was_held)
+                raise LockLost(str(e)) from e
+            self._holds = left
+            if left == 0:
+                await self._stop_renewer()
+            return left
+
+    async def renew(self, _via: Optional[ARedis] = None) -> None:
+        """Resets the lease now (the renewal task does this every lease/3);
+        raises LockLost when the server says this owner holds nothing."""
+        try:
+            await (_via or self.client).execute_command(
+                *self._family.renew(self.key, self.owner, self.lease_ms))
+        except redis.ResponseError as e:
+            if is_notowner(e):
+                await self._mark_lost(str(e))
+                raise LockLost(str(e)) from e
+            raise
+
+    async def info(self) -> Optional[Dict[str, Any]]:
+        return parse_info(await self.client.execute_command(*self._family.info(self.key)))
+
+    async def _renew_loop(self) -> None:
+        interval = self.lease_ms / 3000.0
+        last_ok = time.monotonic()
+        via = _renewal_client(self.client, self.lease_ms)
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                async with self._mutex:  # no RENEW racing a RELEASE
+                    if self._holds == 0:
+                        return
+                    try:
+                        await self.renew(via)
+                        last_ok = time.monotonic()
+                    except LockLost:
+                        return
+                    except (redis.RedisError, OSError) as e:
+                        if time.monotonic() - last_ok >= self.lease_ms / 1000.0:
+                            await self._mark_lost(
+                                "no renewal reached the server for a whole lease (%s)" % e)
+                            return
+        finally:
+            if via is not None:
+                await _close_own(via)
+
+    async def _stop_renewer(self) -> None:
+        self._token = None
+        task, self._renewer = self._renewer, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _mark_lost(self, why: str, notify: bool = True) -> None:
+        if self.lost.is_set():
+            return
+        self.lost.set()
+        log.warning("%s %r owner %s: lock lost (%s)", self._family.prefix, self.key, self.owner, why)
+        if notify and self.on_lost is not None:
+            try:
+                result = self.on_lost(self)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("rlock on_lost callback failed")
+
+    async def __aenter__(self) -> "_AsyncLockBase":
+        if self.use_pubsub:
+            token = await self.acquire_via_pubsub(timeout=self.timeout)
+        else:
+            token = await self.acquire(timeout=self.timeout)
+        if token is None:
+            raise NotAcquired(
+                "%s %r not acquired within %ss" % (self._family.prefix, self.key, self.timeout))
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        was_lost = self.lost.is_set()
+        try:
+            if self._holds > 0:
+                await self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            return
+        if was_lost and exc_type is None:
+            raise LockLost("%s %r: lock lost while held" % (self._family.prefix, self.key))
+
+
+class AsyncLock(_AsyncLockBase):
+    """Reentrant lock (``RLOCK.*``)."""
+
+    _family = Family("RLOCK")
+
+
+class AsyncFairLock(_AsyncLockBase):
+    """Fair lock (``FAIRLOCK.*``)."""
+
+    _family = Family("FAIRLOCK")
+
+
+class AsyncReadLock(_AsyncLockBase):
+    _family = Family("RWLOCK", "READ")
+
+
+class AsyncWriteLock(_AsyncLockBase):
+    _family = Family("RWLOCK", "WRITE")
+
+
+class AsyncReadWriteLock:
+    """``rw.read`` / ``rw.write`` views sharing one owner (``RWLOCK.*``)."""
+
+    def __init__(self, client: ARedis, key: KeyT, owner: Optional[str] = None, **kwargs: Any) -> None:
+        owner = owner or default_owner()
+        self.key = key
+        self.owner = owner
+        self.read = AsyncReadLock(client, key, owner, **kwargs)
+        self.write = AsyncWriteLock(client, key, owner, **kwargs)
+
+
+def _redlock_client(server: Union[ARedis, str], timeout: float) -> ARedis:
+    if isinstance(server, str):
+        return redis.asyncio.Redis.from_url(
+            server, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+            socket_timeout=timeout, socket_connect_timeout=timeout)
+    clone = _clone(server, socket_timeout=timeout, socket_connect_timeout=timeout)
+    if clone is None:
+        raise ValueError("AsyncRedLock needs clients on plain connection pools (or URLs)")
+    return clone
+
+
+class AsyncRedLock:
+    """RedLock for ``redis.asyncio`` (see ``rlock.RedLock``); it asks all
+    servers at once instead of in turn, each bounded by ``server_timeout``."""
+
+    def __init__(
+        self,
+        servers: Sequence[Union[ARedis, str]],
+        key: KeyT,
+        *,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        server_timeout: float = 0.1,
+        retry_delay: float = 0.2,
+        drift_factor: float = 0.01,
+        timeout: Optional[float] = None,
+    ) -> None:
+        if not servers:
+            raise ValueError("RedLock needs at least one server")
+        self.clients: List[ARedis] = [_redlock_client(s, server_timeout) for s in servers]
+        self.key = key
+        self.lease_ms = check_lease(lease_ms)
+        self.server_timeout = server_timeout
+        self.retry_delay = retry_delay
+        self.drift_factor = drift_factor
+        self.timeout = timeout
+        self.owner: Optional[str] = None
+        self.grant: Optional[RedLockGrant] = None
+
+    @property
+    def quorum(self) -> int:
+        return quorum(len(self.clients))
+
+    async def _each(self, *args: Any) -> List[Tuple[bool, Any]]:
+        async def one(c: ARedis) -> Tuple[bool, Any]:
+            try:
+                # The socket timeout bounds the read; wait_for also bounds the connect.
+                return True, await asyncio.wait_for(
+                    c.execute_command(*args), self.server_timeout * 2)
+            except redis.ResponseError as e:
+                return True, e
+            except (redis.RedisError, OSError, asyncio.TimeoutError) as e:
+                return False, e
+
+        return list(await asyncio.gather(*(one(c) for c in self.clients)))
+
+    async def try_acquire(self) -> Optional[RedLockGrant]:
+        if self.grant is not None:
+            raise RuntimeError("this RedLock is held: release it first")
+        self.owner = "%s:redlock" % uuid.uuid4()
+        start = time.monotonic()
+        replies = await self._each("RLOCK.ACQUIRE", self.key, self.owner, "PX", self.lease_ms)
+        elapsed_ms = (time.monotonic() - start) * 1000.0
+        tokens = tuple(int(r) if ok and isinstance(r, int) else None for ok, r in replies)
+        validity = self.lease_ms - elapsed_ms - drift_ms(self.lease_ms, self.drift_factor)
+        if sum(t is not None for t in tokens) >= self.quorum and validity > 0:
+            self.grant = RedLockGrant(tokens, validity, start)
+            return self.grant
+        await self._each("RLOCK.RELEASE", self.key, self.owner)
+        self.owner = None
+        return None
+
+    async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[RedLockGrant]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            grant = await self.try_acquire()
+            if grant is not None or not blocking:
+                return grant
+            delay = random.uniform(self.retry_delay / 2, self.retry_delay)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                delay = min(delay, left)
+            await asyncio.sleep(delay)
+
+    async def release(self) -> int:
+        if self.owner is None:
+            return 0
+        try:
+            replies = await self._each("RLOCK.RELEASE", self.key, self.owner)
+            return sum(ok for ok, _ in replies)
+        finally:
+            self.owner = None
+            self.grant = None
+
+    async def __aenter__(self) -> RedLockGrant:
+        grant = await self.acquire(timeout=self.timeout)
+        if grant is None:
+            raise NotAcquired("RedLock %r not acquired within %ss" % (self.key, self.timeout))
+        return grant
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release()
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await _close_own(c)

@@ -1,0 +1,182 @@
+"""The redis.asyncio half: AsyncLock, AsyncFairLock, AsyncReadWriteLock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import unittest
+from typing import List, Optional
+
+import harness
+import redis
+import redis.asyncio
+
+from rlock import LockLost, NotAcquired
+from rlock.aio import AsyncFairLock, AsyncLock, AsyncReadWriteLock, _close
+
+SERVER: Optional[harness.Server] = None
+
+
+def setUpModule() -> None:
+    global SERVER
+    SERVER = harness.Server()
+
+
+def tearDownModule() -> None:
+    if SERVER is not None:
+        SERVER.stop()
+
+
+async def wait_for(cond, limit: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met within %ss" % limit)
+        await asyncio.sleep(0.005)
+
+
+class AsyncLockTest(unittest.IsolatedAsyncioTestCase):
+    async def asyncSetUp(self) -> None:
+        assert SERVER is not None
+        self.r = redis.asyncio.Redis(port=SERVER.port)
+        await self.r.config_set("rlock.notify-channel", "yes")
+        await self.r.flushall()
+
+    async def asyncTearDown(self) -> None:
+        await _close(self.r)
+
+    async def waiters(self) -> int:
+        return int((await self.r.info("rlock"))["rlock_waiters"])
+
+    async def test_async_context_manager(self) -> None:
+        async with AsyncLock(self.r, "cm", lease_ms=5000) as lock:
+            self.assertIsInstance(lock.token, int)
+            self.assertTrue(lock.renewing)
+            info = await lock.info()
+            assert info is not None
+            self.assertEqual(info["owner"], lock.owner.encode())
+            self.assertEqual(await lock.acquire(blocking=False), lock.token)
+            self.assertEqual(await lock.release(), 1)
+        self.assertEqual(await self.r.exists("cm"), 0)
+        self.assertFalse(lock.renewing)
+
+    async def test_block_timeout_none_and_not_acquired(self) -> None:
+        async with AsyncLock(self.r, "busy"):
+            start = time.monotonic()
+            self.assertIsNone(await AsyncLock(self.r, "busy").acquire(timeout=0.2))
+            self.assertGreaterEqual(time.monotonic() - start, 0.18)
+            with self.assertRaises(NotAcquired):
+                async with AsyncLock(self.r, "busy", timeout=0.1):
+                    self.fail("must not enter")
+
+    async def test_block_wait_is_handed_over_with_a_larger_token(self) -> None:
+        holder = AsyncLock(self.r, "ho")
+        first = await holder.acquire()
+        waiter = AsyncLock(self.r, "ho")
+        task = asyncio.ensure_future(waiter.acquire(timeout=5))
+
+        async def parked() -> bool:
+            return await self.waiters() == 1
+
+        await wait_for(parked)
+        await holder.release()
+        token = await task
+        self.assertGreater(token, first)  # type: ignore[operator]
+        await waiter.release()
+
+    async def test_renewal_keeps_a_300ms_lease_alive_for_2s(self) -> None:
+        lock = AsyncLock(self.r, "renewed", lease_ms=300)
+        token = await lock.acquire()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            info = await lock.info()
+            self.assertIsNotNone(info, "the lease ran out despite renewal")
+            assert info is not None
+            self.assertEqual(info["token"], token)
+            await asyncio.sleep(0.05)
+        self.assertFalse(lock.lost.is_set())
+        self.assertEqual(await lock.release(), 0)
+        self.assertFalse(lock.renewing)
+
+    async def test_lost_lock_is_reported(self) -> None:
+        reported: List[AsyncLock] = []
+
+        async def on_lost(lock: AsyncLock) -> None:
+            reported.append(lock)
+
+        lock = AsyncLock(self.r, "lost", lease_ms=300, on_lost=on_lost)  # type: ignore[arg-type]
+        with self.assertRaises(LockLost):
+            async with lock:
+                await self.r.execute_command("RLOCK.FORCERELEASE", "lost")
+
+                async def lost() -> bool:
+                    return lock.lost.is_set()
+
+                await wait_for(lost, 2)
+                self.assertEqual(reported, [lock])
+        self.assertEqual(reported, [lock])
+
+    async def test_pubsub_path(self) -> None:
+        holder = AsyncLock(self.r, "ps")
+        first = await holder.acquire()
+        waiter = AsyncLock(self.r, "ps")
+        task = asyncio.ensure_future(waiter.acquire_via_pubsub(timeout=5, safety_poll=10))
+
+        async def subscribed() -> bool:
+            return (await self.r.pubsub_numsub("__rlock@0__:ps"))[0][1] == 1
+
+        await wait_for(subscribed)
+        await asyncio.sleep(0.05)
+        self.assertEqual(await self.waiters(), 0)
+        start = time.monotonic()
+        await holder.release()
+        token = await task
+        self.assertLess(time.monotonic() - start, 1.0)
+        self.assertGreater(token, first)  # type: ignore[operator]
+        await waiter.release()
+
+    async def test_pubsub_path_retries_at_the_lease_end(self) -> None:
+        await self.r.config_set("rlock.notify-channel", "no")
+        await AsyncLock(self.r, "silent", lease_ms=400, auto_renew=False).acquire()
+        start = time.monotonic()
+        waiter = AsyncLock(self.r, "silent")
+        self.assertIsNotNone(await waiter.acquire_via_pubsub(timeout=5, safety_poll=10))
+        self.assertLess(time.monotonic() - start, 1.5)
+        await waiter.release()
+
+    async def test_fair_and_read_write(self) -> None:
+        async with AsyncFairLock(self.r, "f") as f:
+            info = await f.info()
+            assert info is not None
+            self.assertEqual(info["kind"], b"fairlock")
+        a = AsyncReadWriteLock(self.r, "rw")
+        b = AsyncReadWriteLock(self.r, "rw")
+        async with a.read, b.read:
+            self.assertIsNone(await AsyncReadWriteLock(self.r, "rw").write.acquire(blocking=False))
+        async with a.write:
+            self.assertIsNone(await b.read.acquire(blocking=False))
+        self.assertEqual(await self.r.exists("rw"), 0)
+
+    async def test_tasks_contend_and_never_overlap(self) -> None:
+        inside = 0
+        peak = 0
+        tokens: List[int] = []
+
+        async def work() -> None:
+            nonlocal inside, peak
+            for _ in range(5):
+                async with AsyncLock(self.r, "contended", timeout=10) as lock:
+                    inside += 1
+                    peak = max(peak, inside)
+                    tokens.append(lock.token)  # type: ignore[arg-type]
+                    await asyncio.sleep(0.005)
+                    inside -= 1
+
+        await asyncio.gather(*(work() for _ in range(4)))
+        self.assertEqual(peak, 1)
+        self.assertEqual(tokens, sorted(tokens))
+        self.assertEqual(len(set(tokens)), 20)
+
+
+if __name__ == "__main__":
+    unittest.main()
