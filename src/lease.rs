@@ -333,72 +333,60 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     })
 }
 
-/// Oldest work first: reports of keys Redis expired, deferred serves, then due
-/// leases; stops once the budget is spent and leaves the rest for the next tick.
+/// The most urgent work first — hand-overs to parked waiters (due leases,
+/// then serve passes), then restored keys to watch, then `expired` reports to
+/// observers — each oldest first; stops once the budget is spent and leaves the
+/// rest for the next tick, so a storm of reports never delays a hand-over.
 fn run_slice(ctx: *mut Ctx) {
     let start = crate::ffi::micros();
     let spent = || crate::ffi::micros() - start >= TICK_BUDGET_US;
-    loop {
-        let restored: Vec<_> = with(|s| {
-            let n = s.restored.len().min(BATCH);
-            s.restored.drain(..n).collect()
-        });
-        if restored.is_empty() {
-            break;
-        }
-        for (db, key) in restored {
-            watch_restored(ctx, db, &key);
-        }
-        if spent() {
-            return;
-        }
-    }
-    loop {
-        let reports: Vec<_> = with(|s| {
-            let n = s.expired.len().min(BATCH);
-            s.expired.drain(..n).collect()
-        });
-        if reports.is_empty() {
-            break;
-        }
-        for (db, key, kind) in reports {
-            crate::notify::report_expiry(ctx, db, &key, kind);
-        }
-        if spent() {
-            return;
-        }
-    }
-    loop {
-        let serves: Vec<_> = with(|s| {
-            let keys: Vec<_> = s.serves.keys().take(BATCH).cloned().collect();
-            keys.into_iter()
-                .map(|k| {
-                    let why = s.serves.remove(&k).expect("listed");
-                    (k, why)
-                })
-                .collect()
-        });
-        if serves.is_empty() {
-            break;
-        }
-        for ((db, key), if_absent) in serves {
-            crate::engine::serve_queue(ctx, db, &key, if_absent);
-        }
-        if spent() {
-            return;
-        }
-    }
     let now = now_ms();
+    let _finished = drain(
+        &spent,
+        || with(|s| s.expiries.pop_due(now, BATCH)),
+        |(at, (db, key))| crate::engine::expire_due(ctx, db, &key, at),
+    ) && drain(
+        &spent,
+        || {
+            with(|s| {
+                let keys: Vec<_> = s.serves.keys().take(BATCH).cloned().collect();
+                let taken: Vec<_> = keys
+                    .into_iter()
+                    .map(|k| {
+                        let why = s.serves.remove(&k).expect("listed");
+                        (k, why)
+                    })
+                    .collect();
+                taken
+            })
+        },
+        |((db, key), if_absent)| crate::engine::serve_queue(ctx, db, &key, if_absent),
+    ) && drain(
+        &spent,
+        || with(|s| s.restored.drain(..s.restored.len().min(BATCH)).collect()),
+        |(db, key): DbKey| watch_restored(ctx, db, &key),
+    ) && drain(
+        &spent,
+        || with(|s| s.expired.drain(..s.expired.len().min(BATCH)).collect()),
+        |(db, key, kind)| crate::notify::report_expiry(ctx, db, &key, kind),
+    );
+}
+
+/// Runs `each` over batches from `take` until none is left (true) or the
+/// budget is spent (false).
+fn drain<T>(
+    spent: &dyn Fn() -> bool,
+    mut take: impl FnMut() -> Vec<T>,
+    mut each: impl FnMut(T),
+) -> bool {
     loop {
-        let due = with(|s| s.expiries.pop_due(now, BATCH));
-        if due.is_empty() {
-            break;
+        let batch = take();
+        if batch.is_empty() {
+            return true;
         }
-        for (at, (db, key)) in due {
-            crate::engine::expire_due(ctx, db, &key, at);
-        }
+        batch.into_iter().for_each(&mut each);
         if spent() {
-            return;
+            return false;
         }
     }
 }
