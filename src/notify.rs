@@ -105,7 +105,11 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
             return;
         }
         let ctx = module_context();
-        let expired = v.state.latest_deadline().is_some_and(|d| d < now_ms());
+        // A hold is valid through its deadline millisecond and Redis 7.0 expires
+        // a key once that millisecond is over; Redis 8.2 may already remove it
+        // during that millisecond (seen: removed at now == deadline). Either way
+        // the lease ended: only a removal before the deadline is a deletion.
+        let expired = v.state.latest_deadline().is_some_and(|d| d <= now_ms());
         if expired {
             // Counted now; published on the next tick, outside Redis's delete path.
             stats::bump(&stats::LEASE_EXPIRATIONS, v.state.holder_count() as u64);
