@@ -51,7 +51,8 @@ run: build
 # Python client library's tests, the Python and Node examples' tests, then cargo test
 # (unit tests of the lock logic, the integration suites against real servers loading
 # $(SO), the Rust client library's tests). Fails if any suite fails on any server.
-# All suites run on all three servers (about 1.5 minutes per server after the build).
+# All suites run on all three servers, about 2.5 minutes per server after the build (the
+# Sentinel failover tests, one deployment at a time, take 1 minute of it).
 test: build
 	cargo build --release --workspace --tests
 	scripts/test-servers.sh
