@@ -126,7 +126,13 @@ fn pair() -> (Server, Server, Connection) {
     let master = Server::start();
     let replica = Server::start();
     replica.replicate_from(&master);
-    let c = master.client();
+    let mut c = master.client();
+    // The replica's link can be up before the master counts it online (and
+    // only online replicas acknowledge for WAIT): wait for the master's view too.
+    wait_until(Duration::from_secs(10), || {
+        let info: String = cmd("INFO").arg("replication").query(&mut c).unwrap();
+        info.contains("state=online")
+    });
     (master, replica, c)
 }
 
@@ -377,7 +383,7 @@ fn promoted_replica_outranks_the_deposed_master_and_never_repeats_its_tokens() {
     for i in 0..20 {
         before.push(int(&mut m, &["RLOCK.ACQUIRE", &format!("k{i}"), "a"]));
     }
-    assert_eq!(wait_acked(&mut m, 2000), 1);
+    assert_eq!(wait_acked(&mut m, 5000), 1);
     // Split brain: the replica is promoted, the old master keeps granting.
     let mut r = replica.client();
     let _: () = cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
