@@ -224,7 +224,7 @@ pub fn serve(
 ) -> Vec<Served> {
     let (served, withheld) = with_queue(db, key, |q| {
         let mut served = q.drop_timed_out(now);
-        if q.head_admissible(lock) && crate::role::refuses_writes() {
+        if q.head_admissible(lock) && crate::min_replicas::refuses_writes() {
             return (served, true);
         }
         served.extend(q.serve(lock, now, issue, delta));
@@ -299,7 +299,7 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
                 api!(RedisModule_UnblockClient)(bc, std::ptr::null_mut());
             }
         }
-        let retry = with(|r| !r.withheld.is_empty()) && !crate::role::refuses_writes();
+        let retry = with(|r| !r.withheld.is_empty()) && !crate::min_replicas::refuses_writes();
         if retry {
             let keys: Vec<(i32, Vec<u8>)> = with(|r| r.withheld.drain().collect());
             for (db, key) in keys {

@@ -6,7 +6,7 @@ use std::os::raw::c_void;
 use redis_module::raw::{self, RedisModuleEvent};
 
 use crate::ffi::{api, now_ms, Ctx, OK};
-use crate::{blocking, lease, role, token};
+use crate::{blocking, lease, min_replicas, role, token};
 
 unsafe extern "C" fn on_role_change(
     ctx: *mut Ctx,
@@ -89,7 +89,7 @@ unsafe extern "C" fn on_replica_change(
     _data: *mut c_void,
 ) {
     role::listener_seen();
-    role::replicas_changed();
+    min_replicas::replicas_changed();
 }
 
 /// serverCron ticked: keeps the min-replicas verdict fresh (when configured).
@@ -99,7 +99,7 @@ unsafe extern "C" fn on_cron(
     _sub: u64,
     _data: *mut c_void,
 ) {
-    crate::ffi::contained("cron", (), role::on_cron)
+    crate::ffi::contained("cron", (), min_replicas::on_cron)
 }
 
 /// CONFIG SET: min-replicas-* may have changed.
@@ -109,13 +109,13 @@ unsafe extern "C" fn on_config_change(
     _sub: u64,
     _data: *mut c_void,
 ) {
-    crate::ffi::contained("config change", (), || role::read_min_replicas(ctx))
+    crate::ffi::contained("config change", (), || min_replicas::read_config(ctx))
 }
 
 pub fn subscribe(ctx: *mut Ctx) -> bool {
     crate::notify::init(ctx);
     role::refresh(ctx);
-    role::read_min_replicas(ctx);
+    min_replicas::read_config(ctx);
     // The first token epoch starts at load (a restart with no dataset
     // fires no loading event).
     token::start_epoch(now_ms());

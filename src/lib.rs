@@ -13,6 +13,7 @@ mod events;
 mod ffi;
 mod lease;
 pub mod lock;
+mod min_replicas;
 mod notify;
 mod role;
 mod stats;

@@ -373,6 +373,42 @@ fn frozen_master_deposed_in_split_brain_hands_nothing_over_when_it_wakes() {
     assert_eq!(int(&mut m, &["EXISTS", "free"]), 0);
 }
 
+#[test]
+fn acknowledgements_queued_during_a_freeze_do_not_make_a_deposed_replica_good() {
+    // SIGSTOP, not DEBUG SLEEP: the replica keeps sending its once-a-second
+    // REPLCONF ACK into the frozen master's socket, then is promoted and hangs
+    // up. When the master wakes it reads those acks ("lag 0": Redis stamps an
+    // ack with the time it reads it) before it sees the hang-up, and Redis's
+    // own count of good replicas stays a second stale. A release queued behind
+    // the acks must not hand the lock over on that evidence.
+    let master = guarded_master();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.client();
+    wait_good_replicas(&mut m, 1);
+    let mut holder = master.client();
+    int(&mut holder, &["RLOCK.ACQUIRE", "k", "h", "PX", "60000"]);
+    assert_eq!(wait_acked(&mut holder, 2000), 1);
+    let w = waiter(&master, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "6000"], 200);
+    wait_parked(&mut m, 1);
+    master.freeze();
+    // Three acks queue up, then the replica is promoted and leaves.
+    sleep(Duration::from_millis(3200));
+    let mut r = replica.client();
+    let _: () = cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
+    let release = std::thread::spawn(move || {
+        let reply = call(&mut holder, &["RLOCK.RELEASE", "k", "h"]);
+        (reply, holder)
+    });
+    sleep(Duration::from_millis(300));
+    master.thaw();
+    let (released, _holder) = release.join().unwrap();
+    let (reply, _, _) = w.join().unwrap();
+    eprintln!("release: {released:?}; waiter: {reply:?}");
+    assert_eq!(reply, Value::Nil, "the deposed master handed the lock over");
+    assert_eq!(owner_of(&mut m, "RLOCK.INFO", "k"), None);
+}
+
 // ---------------------------------------------------------------------------
 // 4. Tokens in failover order
 

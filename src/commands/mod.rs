@@ -65,8 +65,8 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
     };
     // Redis admitted this write, but its count of good replicas can be a
     // second stale after the server was frozen: no new holder then.
-    if crate::role::refuses_writes() {
-        return Reply::err(crate::role::NOREPLICAS_ERR);
+    if crate::min_replicas::refuses_writes() {
+        return Reply::err(crate::min_replicas::NOREPLICAS_ERR);
     }
     let action = Action::Acquire {
         owner,
@@ -99,8 +99,8 @@ pub fn renew(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
     };
     let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
     // As for ACQUIRE: a deposed master waking up must not extend a lease.
-    if crate::role::refuses_writes() {
-        return Reply::err(crate::role::NOREPLICAS_ERR);
+    if crate::min_replicas::refuses_writes() {
+        return Reply::err(crate::min_replicas::NOREPLICAS_ERR);
     }
     engine::execute(ctx, argv[1], Some(kind), Action::Renew { owner, lease_ms })
 }
