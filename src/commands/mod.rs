@@ -4,6 +4,7 @@
 
 pub mod args;
 mod info;
+mod multi;
 mod setstate;
 
 use std::os::raw::c_int;
@@ -13,6 +14,7 @@ use crate::engine::{self, Action};
 use crate::ffi::{self, bytes, now_ms, Ctx, RStr, Reply};
 use crate::lock::{Kind, Mode};
 
+pub use multi::{acquire_all, release_all, renew_all};
 pub use setstate::{delta, setstate};
 
 fn arity_error(argv: &[*mut RStr]) -> Reply {
