@@ -44,6 +44,8 @@ use crate::stats;
 enum Status {
     Waiting,
     Granted(u64),
+    /// A multi-key waiter got every key: the tokens in key order.
+    GrantedAll(Vec<u64>),
     Failed(String),
     /// Its BLOCK time ran out: answered null.
     TimedOut,
@@ -52,7 +54,8 @@ enum Status {
 struct Record {
     bc: *mut RedisModuleBlockedClient,
     db: i32,
-    key: Vec<u8>,
+    /// The keys it is queued on: one, or the keys of an `ACQUIREALL` in order.
+    keys: Vec<Vec<u8>>,
     status: Status,
     /// BLOCK deadline (unix ms), 0 for none.
     deadline: i64,
@@ -73,6 +76,9 @@ struct Registry {
     deadlines: BTreeSet<(i64, u64)>,
     /// Keys whose hand-over waits for the master to accept writes again.
     withheld: HashSet<(i32, Vec<u8>)>,
+    /// Multi-key waiters first in the queue of a key that could be theirs:
+    /// the engine tries to grant them all their keys (`take_multi_ready`).
+    multi_ready: Vec<u64>,
     /// The armed timer and the unix ms it fires at.
     timer: Option<(raw::RedisModuleTimerID, i64)>,
 }
@@ -143,31 +149,58 @@ pub fn queued_keys(db: Option<i32>) -> Vec<(i32, Vec<u8>)> {
 
 /// Queues a new waiter behind everyone else and returns its id.
 pub fn enqueue(db: i32, key: &[u8], kind: Kind, owner: &[u8], mode: Mode, lease_ms: i64) -> u64 {
+    enqueue_on(db, &[key], kind, owner, mode, lease_ms, false)
+}
+
+/// Queues a multi-key waiter (`ACQUIREALL ... BLOCK`) behind everyone else on
+/// each of its keys, under one id.
+pub fn enqueue_all(db: i32, keys: &[&[u8]], owner: &[u8], lease_ms: i64) -> u64 {
+    enqueue_on(
+        db,
+        keys,
+        Kind::Reentrant,
+        owner,
+        Mode::Write,
+        lease_ms,
+        true,
+    )
+}
+
+fn enqueue_on(
+    db: i32,
+    keys: &[&[u8]],
+    kind: Kind,
+    owner: &[u8],
+    mode: Mode,
+    lease_ms: i64,
+    multi: bool,
+) -> u64 {
     with(|r| {
         r.next_id += 1;
         let id = r.next_id;
-        let q = r
-            .queues
-            .entry(db)
-            .or_default()
-            .entry(key.to_vec())
-            .or_insert_with(|| WaitQueue::new(kind));
-        q.push(Waiter {
-            id,
-            owner: owner.to_vec(),
-            mode,
-            lease_ms,
-            deadline: 0,
-        });
-        r.queued += 1;
+        let queues = r.queues.entry(db).or_default();
+        for key in keys {
+            let q = queues
+                .entry(key.to_vec())
+                .or_insert_with(|| WaitQueue::new(kind));
+            q.push(Waiter {
+                id,
+                owner: owner.to_vec(),
+                mode,
+                lease_ms,
+                deadline: 0,
+                multi,
+            });
+        }
+        r.queued += keys.len();
         id
     })
 }
 
-/// Blocks the calling client as waiter `id` (already queued) on `keyname`,
+/// Blocks the calling client as waiter `id` (already queued) on `keynames`,
 /// for `timeout_ms` (0: forever). Redis gets no timeout: see the module doc.
-pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64) {
-    let mut keys = [keyname];
+pub fn park(ctx: *mut Ctx, keynames: &[*mut RStr], db: i32, id: u64, timeout_ms: i64) {
+    let mut names = keynames.to_vec();
     let privdata = Box::into_raw(Box::new(id)).cast::<c_void>();
     let bc = unsafe {
         api!(RedisModule_BlockClientOnKeys)(
@@ -176,20 +209,25 @@ pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64
             Some(on_timeout),
             Some(free_privdata),
             0,
-            keys.as_mut_ptr(),
-            1,
+            names.as_mut_ptr(),
+            names.len() as c_int,
             privdata,
         )
     };
     unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect)) };
-    let key = unsafe { bytes(keyname) }.to_vec();
+    let keys: Vec<Vec<u8>> = keynames
+        .iter()
+        .map(|k| unsafe { bytes(*k) }.to_vec())
+        .collect();
     let deadline = if timeout_ms > 0 {
         now_ms().saturating_add(timeout_ms)
     } else {
         0
     };
     if deadline != 0 {
-        with_queue(db, &key, |q| q.set_deadline(id, deadline));
+        for key in &keys {
+            with_queue(db, key, |q| q.set_deadline(id, deadline));
+        }
     }
     with(|r| {
         if deadline != 0 {
@@ -200,7 +238,7 @@ pub fn park(ctx: *mut Ctx, keyname: *mut RStr, db: i32, id: u64, timeout_ms: i64
             Record {
                 bc,
                 db,
-                key,
+                keys,
                 status: Status::Waiting,
                 deadline,
             },
@@ -222,25 +260,82 @@ pub fn serve(
     issue: &mut dyn FnMut() -> Option<u64>,
     delta: &mut Delta,
 ) -> Vec<Served> {
-    let (served, withheld) = with_queue(db, key, |q| {
+    let (served, withheld, multi) = with_queue(db, key, |q| {
         let mut served = q.drop_timed_out(now);
         if q.head_admissible(lock) && crate::min_replicas::refuses_writes() {
-            return (served, true);
+            return (served, true, None);
         }
         served.extend(q.serve(lock, now, issue, delta));
-        (served, false)
+        (served, false, q.multi_head_ready(lock, now))
     })
     .unwrap_or_default();
     if withheld {
-        let first = with(|r| {
-            r.withheld.insert((db, key.to_vec()));
-            r.withheld.len() == 1
-        });
-        if first {
-            arm(crate::notify::module_context());
-        }
+        withhold(db, key);
+    }
+    if let Some(id) = multi {
+        with(|r| r.multi_ready.push(id));
     }
     served
+}
+
+/// The hand-over on `key` waits until the master accepts writes again.
+pub fn withhold(db: i32, key: &[u8]) {
+    let first = with(|r| {
+        r.withheld.insert((db, key.to_vec()));
+        r.withheld.len() == 1
+    });
+    if first {
+        arm(crate::notify::module_context());
+    }
+}
+
+/// A multi-key waiter that a key's queue found ready for it, if any.
+pub fn take_multi_ready() -> Option<u64> {
+    with(|r| r.multi_ready.pop())
+}
+
+/// A parked multi-key waiter, as the engine needs it to try a grant.
+pub struct MultiWaiter {
+    pub db: i32,
+    pub keys: Vec<Vec<u8>>,
+    pub owner: Vec<u8>,
+    pub lease_ms: i64,
+    pub deadline: i64,
+}
+
+pub fn multi_waiter(id: u64) -> Option<MultiWaiter> {
+    let (db, keys, deadline) = with(|r| {
+        let rec = r.records.get(&id)?;
+        matches!(rec.status, Status::Waiting).then(|| (rec.db, rec.keys.clone(), rec.deadline))
+    })?;
+    let (owner, lease_ms) = with_queue(db, &keys[0], |q| {
+        q.get(id).map(|w| (w.owner.clone(), w.lease_ms))
+    })??;
+    Some(MultiWaiter {
+        db,
+        keys,
+        owner,
+        lease_ms,
+        deadline,
+    })
+}
+
+/// Whether waiter `id` is first in the queue of `key`.
+pub fn is_head(db: i32, key: &[u8], id: u64) -> bool {
+    with_queue(db, key, |q| q.head_id() == Some(id)).unwrap_or(false)
+}
+
+/// Takes a multi-key waiter out of every queue it is in (it was granted).
+pub fn dequeue_all(db: i32, keys: &[Vec<u8>], id: u64) {
+    for key in keys {
+        with_queue(db, key, |q| q.remove(id));
+    }
+}
+
+/// Answers a multi-key waiter with its tokens (already dequeued).
+pub fn deliver_all(id: u64, tokens: Vec<u64>) {
+    stats::bump(&stats::CONTENDED_GRANTS, 1);
+    unblock(id, Status::GrantedAll(tokens));
 }
 
 fn next_due(r: &Registry) -> Option<i64> {
@@ -326,6 +421,11 @@ pub fn deliver(served: Vec<Served>) {
     }
 }
 
+/// Ends the wait of one waiter with an error (it leaves every queue it is in).
+pub fn fail(id: u64, error: &str) {
+    unblock(id, Status::Failed(error.to_string()));
+}
+
 /// Ends the wait of every client queued on a key with an error.
 pub fn fail_all(db: i32, key: &[u8], error: &str) {
     let ids: Vec<u64> = with_queue(db, key, |q| {
@@ -371,14 +471,16 @@ fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
         rec
     })?;
     if matches!(rec.status, Status::Waiting) {
-        let reserve = with_queue(rec.db, &rec.key, |q| {
-            let was_head = q.head_id() == Some(id);
-            q.remove(id);
-            was_head && !q.is_empty()
-        })
-        .unwrap_or(false);
-        if reserve {
-            crate::lease::schedule_serve(ctx, rec.db, &rec.key, crate::lease::IfAbsent::Grant);
+        for key in &rec.keys {
+            let reserve = with_queue(rec.db, key, |q| {
+                let was_head = q.head_id() == Some(id);
+                q.remove(id);
+                was_head && !q.is_empty()
+            })
+            .unwrap_or(false);
+            if reserve {
+                crate::lease::schedule_serve(ctx, rec.db, key, crate::lease::IfAbsent::Grant);
+            }
         }
     }
     Some(rec.status)
@@ -392,6 +494,7 @@ unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_i
         };
         let reply = match depart(ctx, id) {
             Some(Status::Granted(token)) => Reply::Int(token as i64),
+            Some(Status::GrantedAll(tokens)) => tokens_reply(&tokens),
             Some(Status::Failed(e)) => Reply::Error(e),
             Some(Status::Waiting) | Some(Status::TimedOut) | None => {
                 stats::bump(&stats::WAIT_TIMEOUTS, 1);
@@ -420,6 +523,7 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
         });
         match answered.map(|rec| rec.status) {
             Some(Status::Granted(token)) => send(ctx, &Reply::Int(token as i64)),
+            Some(Status::GrantedAll(tokens)) => send(ctx, &tokens_reply(&tokens)),
             Some(Status::Failed(e)) => send(ctx, &Reply::Error(e)),
             Some(Status::TimedOut) => {
                 stats::bump(&stats::WAIT_TIMEOUTS, 1);
@@ -429,6 +533,10 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
         }
         OK
     })
+}
+
+pub fn tokens_reply(tokens: &[u64]) -> Reply {
+    Reply::Array(tokens.iter().map(|t| Reply::Int(*t as i64)).collect())
 }
 
 unsafe extern "C" fn on_disconnect(ctx: *mut Ctx, _bc: *mut RedisModuleBlockedClient) {

@@ -1,16 +1,95 @@
 //! `RLOCK.ACQUIREALL | RELEASEALL | RENEWALL numkeys key [key ...] owner ...`:
 //! Redisson's MultiLock as one atomic step over several RLOCK keys.
 
-use crate::ffi::{Ctx, RStr, Reply};
+use std::collections::HashSet;
 
-pub fn acquire_all(_ctx: *mut Ctx, _argv: &[*mut RStr]) -> Reply {
-    Reply::err("ERR not implemented yet")
+use super::{args, arity_error};
+use crate::config;
+use crate::engine;
+use crate::ffi::{bytes, now_ms, Ctx, RStr, Reply};
+use crate::min_replicas;
+
+pub const NUMKEYS_ERR: &str = "ERR numkeys must be a positive integer";
+pub const TOO_FEW_KEYS_ERR: &str = "ERR numkeys is greater than the number of keys given";
+pub const DUPLICATE_KEY_ERR: &str = "ERR a key is listed more than once";
+
+/// A parsed `numkeys key [key ...] owner` and the arguments after it.
+struct Call<'a> {
+    keys: &'a [*mut RStr],
+    owner: &'a [u8],
+    rest: &'a [*mut RStr],
 }
 
-pub fn release_all(_ctx: *mut Ctx, _argv: &[*mut RStr]) -> Reply {
-    Reply::err("ERR not implemented yet")
+fn keys_and_owner(argv: &[*mut RStr]) -> Result<Call<'_>, Reply> {
+    if argv.len() < 4 {
+        return Err(arity_error(argv));
+    }
+    let numkeys = std::str::from_utf8(unsafe { bytes(argv[1]) })
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|n| *n > 0 && !unsafe { bytes(argv[1]) }.starts_with(b"+"))
+        .ok_or_else(|| Reply::err(NUMKEYS_ERR))?;
+    // The owner follows the keys.
+    if numkeys > argv.len() - 3 {
+        return Err(Reply::err(TOO_FEW_KEYS_ERR));
+    }
+    let keys = &argv[2..2 + numkeys];
+    let mut seen = HashSet::with_capacity(numkeys);
+    if !keys.iter().all(|k| seen.insert(unsafe { bytes(*k) })) {
+        return Err(Reply::err(DUPLICATE_KEY_ERR));
+    }
+    let owner = args::owner(unsafe { bytes(argv[2 + numkeys]) }).map_err(Reply::err)?;
+    Ok(Call {
+        keys,
+        owner,
+        rest: &argv[3 + numkeys..],
+    })
 }
 
-pub fn renew_all(_ctx: *mut Ctx, _argv: &[*mut RStr]) -> Reply {
-    Reply::err("ERR not implemented yet")
+fn words(argv: &[*mut RStr]) -> impl Iterator<Item = &[u8]> {
+    argv.iter().map(|a| unsafe { bytes(*a) })
+}
+
+pub fn acquire_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
+    let Call { keys, owner, rest } = match keys_and_owner(argv) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    let opts = match args::options(words(rest), true, now_ms()) {
+        Ok(o) => o,
+        Err(e) => return Reply::err(e),
+    };
+    // As for ACQUIRE: Redis's count of good replicas can be stale.
+    if min_replicas::refuses_writes() {
+        return Reply::err(min_replicas::NOREPLICAS_ERR);
+    }
+    let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
+    engine::acquire_all(ctx, keys, owner, lease_ms, opts.block_ms)
+}
+
+pub fn release_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
+    let Call { keys, owner, rest } = match keys_and_owner(argv) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    if !rest.is_empty() {
+        return Reply::err(args::SYNTAX_ERR);
+    }
+    engine::release_all(ctx, keys, owner)
+}
+
+pub fn renew_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
+    let Call { keys, owner, rest } = match keys_and_owner(argv) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    let opts = match args::options(words(rest), false, now_ms()) {
+        Ok(o) => o,
+        Err(e) => return Reply::err(e),
+    };
+    if min_replicas::refuses_writes() {
+        return Reply::err(min_replicas::NOREPLICAS_ERR);
+    }
+    let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
+    engine::renew_all(ctx, keys, owner, lease_ms)
 }

@@ -14,6 +14,10 @@ pub struct Waiter {
     /// Absolute unix ms of the end of its BLOCK time (0: waits forever). Past
     /// it the waiter is never granted, even if nobody has answered it yet.
     pub deadline: i64,
+    /// Waits for several keys at once (`RLOCK.ACQUIREALL`): queued on each of
+    /// them, granted all of them in one step by the engine, never by one
+    /// queue. While first in a queue it reserves that key.
+    pub multi: bool,
 }
 
 impl Waiter {
@@ -89,10 +93,27 @@ impl WaitQueue {
 
     /// Whether serving now would hand the lock to (or answer) the head.
     pub fn head_admissible(&self, lock: &LockState) -> bool {
-        self.entries
-            .values()
-            .next()
-            .is_some_and(|h| !matches!(lock.admit(&h.owner, h.mode), Admission::Busy))
+        self.head()
+            .is_some_and(|h| !h.multi && !matches!(lock.admit(&h.owner, h.mode), Admission::Busy))
+    }
+
+    pub fn head(&self) -> Option<&Waiter> {
+        self.entries.values().next()
+    }
+
+    /// The head if it is a multi-key waiter this key could be granted to now
+    /// (its other keys are the engine's business).
+    pub fn multi_head_ready(&self, lock: &LockState, now: i64) -> Option<u64> {
+        let h = self.head().filter(|h| h.multi && !h.timed_out(now))?;
+        matches!(
+            lock.admit(&h.owner, h.mode),
+            Admission::Fresh | Admission::Reentrant
+        )
+        .then_some(h.id)
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Waiter> {
+        self.entries.get(&id)
     }
 
     pub fn remove(&mut self, id: u64) -> Option<Waiter> {
@@ -131,6 +152,9 @@ impl WaitQueue {
             let head = entry.get();
             let outcome = if head.timed_out(now) {
                 Served::TimedOut { id: head.id }
+            } else if head.multi {
+                // Reserved for a multi-key waiter: see `multi_head_ready`.
+                break;
             } else {
                 match lock.admit(&head.owner, head.mode) {
                     Admission::Busy => break,
@@ -168,6 +192,7 @@ mod tests {
             mode,
             lease_ms: 1000,
             deadline: 0,
+            multi: false,
         }
     }
 
@@ -321,5 +346,52 @@ mod tests {
         );
         assert!(lock.is_free());
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_multi_key_waiter_first_in_line_reserves_the_key() {
+        let mut lock = LockState::new(Kind::Reentrant);
+        let mut q = WaitQueue::new(Kind::Reentrant);
+        let mut next = 0;
+        let mut issue = || {
+            next += 1;
+            Some(next)
+        };
+        q.push(Waiter {
+            multi: true,
+            ..waiter(1, "all", Mode::Write)
+        });
+        q.push(waiter(2, "one", Mode::Write));
+        // Free, but nobody behind the multi-key waiter is served...
+        assert!(q
+            .serve(&mut lock, 5, &mut issue, &mut Delta::off())
+            .is_empty());
+        assert!(lock.is_free());
+        assert!(!q.head_admissible(&lock));
+        // ...and the queue reports it ready for the engine.
+        assert_eq!(q.multi_head_ready(&lock, 5), Some(1));
+        lock.grant(b"other", Mode::Write, 10, &mut issue, &mut Delta::off())
+            .unwrap();
+        assert_eq!(q.multi_head_ready(&lock, 5), None);
+        // Its owner's own hold does not stop it (reentrant).
+        let mut own = LockState::new(Kind::Reentrant);
+        own.grant(b"all", Mode::Write, 10, &mut issue, &mut Delta::off())
+            .unwrap();
+        assert_eq!(q.multi_head_ready(&own, 5), Some(1));
+        // Past its BLOCK time it is dropped like any waiter, and the next is served.
+        q.set_deadline(1, 4);
+        assert_eq!(
+            q.multi_head_ready(&LockState::new(Kind::Reentrant), 5),
+            None
+        );
+        let served = q.serve(
+            &mut LockState::new(Kind::Reentrant),
+            5,
+            &mut issue,
+            &mut Delta::off(),
+        );
+        assert_eq!(ids(&served), vec![1, 2]);
+        assert!(matches!(served[0], Served::TimedOut { id: 1 }));
+        assert!(matches!(served[1], Served::Granted { id: 2, .. }));
     }
 }

@@ -11,6 +11,11 @@
 //! the master's state exactly and decide nothing; an effect costs bytes in
 //! proportion to the change, not to the number of holders.
 
+mod multi;
+
+use multi::serve_multi_ready;
+pub use multi::{acquire_all, release_all, renew_all};
+
 use crate::blocking;
 use crate::ffi::{api, bytes, now_ms, select_db, selected_db, Ctx, Key, OwnedStr, RStr, Reply};
 use crate::lease::IfAbsent;
@@ -101,26 +106,72 @@ impl Slot {
     }
 }
 
-/// Runs `action` on the lock at `keyname`. `kind: None` accepts any lock family
-/// (internal callers); a command passes its own family and gets WRONGTYPE otherwise.
-pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Action) -> Reply {
-    let now = now_ms();
+/// One lock key opened for a change: the first half of the path, up to the
+/// action. `finish` is the second half.
+struct Opened<'a> {
+    key: Key,
+    keyname: *mut RStr,
+    db: i32,
+    name: &'a [u8],
+    kind: Kind,
+    slot: Slot,
+    change: Change,
+}
+
+impl Opened<'_> {
+    fn state(&mut self) -> &mut LockState {
+        self.slot.state()
+    }
+
+    /// Ends the holds whose lease is over (a master decides; replicas follow).
+    fn expire_overdue(&mut self, now: i64) {
+        let expired = self.slot.state().expire(now, &mut self.change.delta);
+        if expired > 0 {
+            stats::bump(&stats::LEASE_EXPIRATIONS, expired as u64);
+            self.change.end(EndReason::Expired);
+        }
+    }
+
+    /// Hands the lock to the waiters it can go to now.
+    fn serve(&mut self, now: i64) {
+        let served = blocking::serve(
+            self.db,
+            self.name,
+            self.slot.state(),
+            now,
+            &mut || token::issue(now),
+            &mut self.change.delta,
+        );
+        for s in &served {
+            if let Served::Granted { .. } = s {
+                stats::bump(&stats::GRANTS, 1);
+                self.change.dirty = true;
+                self.change.acquired = true;
+            }
+        }
+        self.change.served.extend(served);
+    }
+}
+
+/// Opens the lock at `keyname` for a change. `wanted: None` accepts any lock
+/// family (internal callers); otherwise another family is WRONGTYPE.
+fn open<'a>(
+    ctx: *mut Ctx,
+    keyname: *mut RStr,
+    wanted: Option<Kind>,
+    record: bool,
+) -> Result<Opened<'a>, Reply> {
     let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
     // Opening may make Redis expire the key (its TTL is the latest deadline);
     // the type's unlink hook (notify::on_unlink) then records that expiry.
     let key = Key::open(ctx, keyname, true);
     let existing = match key.module_value::<LockValue>(lock_type()) {
-        Err(()) => return Reply::err(err::WRONGTYPE),
+        Err(()) => return Err(Reply::err(err::WRONGTYPE)),
         Ok(v) => v,
-    };
-    let wanted = match &action {
-        Action::Replay(k, _) => Some(*k),
-        Action::SetState(s) => Some(s.kind()),
-        _ => kind,
     };
     let kind = match (existing, wanted) {
         (Some(v), Some(k)) if unsafe { (*v).state.kind() } != k => {
-            return Reply::err(err::WRONGTYPE)
+            return Err(Reply::err(err::WRONGTYPE))
         }
         (Some(v), _) => unsafe { (*v).state.kind() },
         (None, Some(k)) => k,
@@ -129,33 +180,52 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
         // waiter now rather than on the next turn of the event loop.
         (None, None) => match blocking::with_queue(db, name, |q| q.kind()) {
             Some(k) => k,
-            None => return Reply::Null,
+            None => return Err(Reply::Null),
         },
     };
-    let mut slot = match existing {
+    let slot = match existing {
         Some(p) => Slot::Existing(p),
         None => Slot::Fresh(LockState::new(kind)),
     };
+    Ok(Opened {
+        key,
+        keyname,
+        db,
+        name,
+        kind,
+        slot,
+        change: Change::new(kind, record),
+    })
+}
+
+/// Runs `action` on the lock at `keyname`. `kind: None` accepts any lock family
+/// (internal callers); a command passes its own family and gets WRONGTYPE otherwise.
+pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Action) -> Reply {
+    let now = now_ms();
+    let wanted = match &action {
+        Action::Replay(k, _) => Some(*k),
+        Action::SetState(s) => Some(s.kind()),
+        _ => kind,
+    };
     let replicated = action.replicated();
-    let mut change = Change::new(kind, !replicated && crate::role::propagates());
+    let mut o = match open(
+        ctx,
+        keyname,
+        wanted,
+        !replicated && crate::role::propagates(),
+    ) {
+        Ok(o) => o,
+        Err(reply) => return reply,
+    };
     if !replicated && crate::role::is_master() {
-        let expired = slot.state().expire(now, &mut change.delta);
-        if expired > 0 {
-            stats::bump(&stats::LEASE_EXPIRATIONS, expired as u64);
-            change.end(EndReason::Expired);
-        }
+        o.expire_overdue(now);
     }
-    let serve_first = matches!(action, Action::Serve) || slot.state().is_free();
+    let serve_first = matches!(action, Action::Serve) || o.state().is_free();
     if serve_first && blocking::any_queued() {
-        serve(db, name, slot.state(), now, &mut change);
+        o.serve(now);
     }
     let timer = matches!(action, Action::Expire);
-    let reply = apply(ctx, db, name, kind, slot.state(), action, now, &mut change);
-    // Any change can make room (a hold ended, WRITE released under READ):
-    // serving costs one admission check when the head still has to wait.
-    if change.dirty && blocking::any_queued() {
-        serve(db, name, slot.state(), now, &mut change);
-    }
+    let reply = apply(ctx, &mut o, action, now);
     if let Reply::Error(_) = reply {
         if replicated {
             return reply;
@@ -168,45 +238,38 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
     } else {
         Origin::Local
     };
-    commit(ctx, &key, keyname, db, name, kind, slot, &change, origin);
-    drop(key);
-    if let Some((id, timeout)) = change.park {
-        blocking::park(ctx, keyname, db, id, timeout);
-    }
-    blocking::deliver(change.served);
+    finish(ctx, o, now, origin);
+    serve_multi_ready(ctx);
     reply
 }
 
-fn serve(db: i32, name: &[u8], state: &mut LockState, now: i64, change: &mut Change) {
-    let served = blocking::serve(
-        db,
-        name,
-        state,
-        now,
-        &mut || token::issue(now),
-        &mut change.delta,
-    );
-    for s in &served {
-        if let Served::Granted { .. } = s {
-            stats::bump(&stats::GRANTS, 1);
-            change.dirty = true;
-            change.acquired = true;
-        }
+/// The second half of the path: serve what the change made room for, write
+/// back, replicate, notify, park the caller if it waits, wake the served.
+fn finish(ctx: *mut Ctx, mut o: Opened, now: i64, origin: Origin) {
+    // Any change can make room (a hold ended, WRITE released under READ):
+    // serving costs one admission check when the head still has to wait.
+    if o.change.dirty && blocking::any_queued() {
+        o.serve(now);
     }
-    change.served.extend(served);
+    commit(ctx, &mut o, origin);
+    let Opened {
+        key,
+        keyname,
+        db,
+        change,
+        ..
+    } = o;
+    drop(key);
+    if let Some((id, timeout)) = change.park {
+        blocking::park(ctx, &[keyname], db, id, timeout);
+    }
+    blocking::deliver(change.served);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn apply(
-    ctx: *mut Ctx,
-    db: i32,
-    name: &[u8],
-    kind: Kind,
-    state: &mut LockState,
-    action: Action,
-    now: i64,
-    change: &mut Change,
-) -> Reply {
+fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
+    let (db, name, kind) = (o.db, o.name, o.kind);
+    let state = o.slot.state();
+    let change = &mut o.change;
     match action {
         Action::Acquire {
             owner,
@@ -306,27 +369,19 @@ enum Origin {
 }
 
 /// Writes the outcome back to the keyspace and tells everyone who must know.
-#[allow(clippy::too_many_arguments)]
-fn commit(
-    ctx: *mut Ctx,
-    key: &Key,
-    keyname: *mut RStr,
-    db: i32,
-    name: &[u8],
-    kind: Kind,
-    slot: Slot,
-    change: &Change,
-    origin: Origin,
-) {
-    let value: Option<*mut LockValue> = match slot {
-        Slot::Existing(p) if change.dirty && unsafe { (*p).state.is_free() } => {
+fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
+    let (key, keyname, db, name, kind) = (&o.key, o.keyname, o.db, o.name, o.kind);
+    let change = &o.change;
+    let value: Option<*mut LockValue> = match &mut o.slot {
+        Slot::Existing(p) if change.dirty && unsafe { (**p).state.is_free() } => {
             crate::lease::unwatch(db, name);
             unsafe { api!(RedisModule_DeleteKey)(key.raw) };
             None
         }
-        Slot::Existing(p) => Some(p),
+        Slot::Existing(p) => Some(*p),
         Slot::Fresh(state) if state.is_free() => None,
         Slot::Fresh(state) => {
+            let state = std::mem::replace(state, LockState::new(kind));
             let p = Box::into_raw(Box::new(LockValue::new(state)));
             unsafe { api!(RedisModule_ModuleTypeSetValue)(key.raw, lock_type(), p.cast()) };
             Some(p)

@@ -1,0 +1,447 @@
+//! RLOCK.ACQUIREALL / RELEASEALL / RENEWALL (SPEC "Multi-key lock"): all or
+//! nothing, waiting holding nothing, reservations, no deadlock under load.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn tokens(v: &Value) -> Vec<i64> {
+    match v {
+        Value::Array(items) => items.iter().map(as_int).collect(),
+        other => panic!("expected an array of tokens, got {other:?}"),
+    }
+}
+
+fn acquire_all(c: &mut Connection, args: &[&str]) -> Value {
+    let mut full = vec!["RLOCK.ACQUIREALL"];
+    full.extend_from_slice(args);
+    call(c, &full).unwrap()
+}
+
+fn owner_of(c: &mut Connection, key: &str) -> Option<String> {
+    info_map(c, &["RLOCK.INFO", key]).map(|i| as_string(&field(&i, "owner")))
+}
+
+fn holds_of(c: &mut Connection, key: &str) -> i64 {
+    info_map(c, &["RLOCK.INFO", key])
+        .map(|i| as_int(&field(&i, "holds")))
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_key_or_none() {
+    let s = Server::start();
+    let mut c = s.client();
+    let got = tokens(&acquire_all(
+        &mut c,
+        &["3", "a", "b", "c", "o1", "PX", "10000"],
+    ));
+    assert_eq!(got.len(), 3);
+    // Each token is the key's tenure token, as RLOCK.ACQUIRE would return it.
+    for (key, token) in ["a", "b", "c"].iter().zip(&got) {
+        assert_eq!(int(&mut c, &["RLOCK.ACQUIRE", key, "o1"]), *token);
+        assert_eq!(int(&mut c, &["RLOCK.RELEASE", key, "o1"]), 1);
+    }
+    // Reentrant on every key: the same tokens, one more hold each.
+    let again = tokens(&acquire_all(&mut c, &["2", "c", "a", "o1"]));
+    assert_eq!(again, vec![got[2], got[0]]);
+    assert_eq!(holds_of(&mut c, "a"), 2);
+    assert_eq!(holds_of(&mut c, "b"), 1);
+
+    // One busy key: nothing granted, no key created or changed.
+    assert!(is_nil(
+        &mut c,
+        &["RLOCK.ACQUIREALL", "3", "x", "b", "y", "o2"]
+    ));
+    assert_eq!(int(&mut c, &["EXISTS", "x", "y"]), 0);
+    assert_eq!(owner_of(&mut c, "b").as_deref(), Some("o1"));
+    assert_eq!(holds_of(&mut c, "b"), 1);
+
+    // RELEASEALL: remaining holds per key, in key order.
+    let left = call(&mut c, &["RLOCK.RELEASEALL", "3", "a", "b", "c", "o1"]).unwrap();
+    assert_eq!(tokens(&left), vec![1, 0, 1]);
+    assert_eq!(int(&mut c, &["EXISTS", "b"]), 0);
+    // NOTOWNER unless every key is held: no key changes.
+    let e = error(&mut c, &["RLOCK.RELEASEALL", "2", "a", "b", "o1"]);
+    assert!(e.starts_with("NOTOWNER"), "{e}");
+    assert_eq!(holds_of(&mut c, "a"), 1);
+    let before = int(&mut c, &["PTTL", "a"]);
+    let e = error(
+        &mut c,
+        &["RLOCK.RENEWALL", "2", "a", "b", "o1", "PX", "99000"],
+    );
+    assert!(e.starts_with("NOTOWNER"), "{e}");
+    assert!(int(&mut c, &["PTTL", "a"]) <= before);
+    assert_eq!(
+        int(
+            &mut c,
+            &["RLOCK.RENEWALL", "2", "a", "c", "o1", "PX", "99000"]
+        ),
+        1
+    );
+    assert!(int(&mut c, &["PTTL", "a"]) > 90_000);
+    assert!(int(&mut c, &["PTTL", "c"]) > 90_000);
+}
+
+#[test]
+fn malformed_calls_are_errors_and_change_nothing() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "held", "h"]);
+    let _: () = cmd("SET").arg("str").arg("v").query(&mut c).unwrap();
+    for (args, expect) in [
+        (&["0", "a", "o"][..], "ERR numkeys"),
+        (&["-1", "a", "o"], "ERR numkeys"),
+        (&["x", "a", "o"], "ERR numkeys"),
+        (&["+1", "a", "o"], "ERR numkeys"),
+        (&["3", "a", "b", "o"], "ERR numkeys"),
+        (&["2", "a", "o"], "ERR numkeys"),
+        (&["2", "a", "a", "o"], "ERR a key is listed more than once"),
+        (&["2", "a", "b", ""], "ERR owner"),
+        (&["2", "a", "b", "o", "PX", "0"], "ERR lease"),
+        (&["2", "a", "b", "o", "BLOCK", "-1"], "ERR timeout"),
+        (&["2", "a", "b", "o", "PX", "5", "PX", "5"], "ERR syntax"),
+        (&["2", "a", "str", "o"], "WRONGTYPE"),
+        (&["2", "str", "a", "o", "BLOCK", "100"], "WRONGTYPE"),
+    ] {
+        let mut full = vec!["RLOCK.ACQUIREALL"];
+        full.extend_from_slice(args);
+        let e = error(&mut c, &full);
+        assert!(e.starts_with(expect), "{full:?}: {e}");
+    }
+    let e = error(&mut c, &["RLOCK.RELEASEALL", "1", "held", "h", "PX", "5"]);
+    assert!(e.starts_with("ERR syntax"), "{e}");
+    let e = error(&mut c, &["RLOCK.RENEWALL", "1", "held", "h", "BLOCK", "5"]);
+    assert!(e.starts_with("ERR syntax"), "{e}");
+    // Another lock family is WRONGTYPE too.
+    int(&mut c, &["FAIRLOCK.ACQUIRE", "fair", "h"]);
+    let e = error(&mut c, &["RLOCK.ACQUIREALL", "2", "a", "fair", "o"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+    // Nothing was created, nothing parked, the held lock is as it was.
+    assert_eq!(int(&mut c, &["EXISTS", "a", "b"]), 0);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    assert_eq!(holds_of(&mut c, "held"), 1);
+    assert_eq!(int(&mut c, &["DBSIZE"]), 3);
+}
+
+#[test]
+fn a_waiter_holds_nothing_and_gets_every_key_when_the_last_frees() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "a", "h1"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "c", "h2"]);
+    let w = spawn_call(
+        &s,
+        &["RLOCK.ACQUIREALL", "3", "a", "b", "c", "w", "BLOCK", "0"],
+    );
+    wait_parked(&mut c, 1);
+    // Waiting holds nothing: b, free, was not taken.
+    assert_eq!(int(&mut c, &["EXISTS", "b"]), 0);
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "a", "h1"]), 0);
+    sleep(Duration::from_millis(100));
+    assert!(!w.is_finished(), "granted with c still held");
+    assert_eq!(int(&mut c, &["EXISTS", "a"]), 0, "a is reserved, not held");
+    let grants = stat(&mut c, "grants");
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "c", "h2"]), 0);
+    let (reply, _) = w.join().unwrap();
+    let got = tokens(&reply.unwrap());
+    assert_eq!(got.len(), 3);
+    for key in ["a", "b", "c"] {
+        assert_eq!(owner_of(&mut c, key).as_deref(), Some("w"));
+    }
+    assert_eq!(stat(&mut c, "grants"), grants + 3);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+}
+
+#[test]
+fn a_reserved_key_is_busy_for_everybody_else() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "b", "h"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIREALL", "2", "a", "b", "w", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    // a is free, but the multi-key waiter is first in its queue.
+    assert!(is_nil(&mut c, &["RLOCK.ACQUIRE", "a", "x"]));
+    assert!(is_nil(&mut c, &["RLOCK.ACQUIREALL", "1", "a", "x"]));
+    let later = spawn_call(&s, &["RLOCK.ACQUIRE", "a", "y", "BLOCK", "0"]);
+    wait_parked(&mut c, 2);
+    int(&mut c, &["RLOCK.RELEASE", "b", "h"]);
+    let (reply, _) = w.join().unwrap();
+    assert_eq!(tokens(&reply.unwrap()).len(), 2);
+    sleep(Duration::from_millis(100));
+    assert!(!later.is_finished(), "the later waiter overtook");
+    call(&mut c, &["RLOCK.RELEASEALL", "2", "a", "b", "w"]).unwrap();
+    let (reply, _) = later.join().unwrap();
+    assert!(matches!(reply.unwrap(), Value::Int(_)));
+    assert_eq!(owner_of(&mut c, "a").as_deref(), Some("y"));
+}
+
+/// A waiter that leaves (BLOCK timeout, disconnect, CLIENT UNBLOCK) takes its
+/// reservations with it: the single-key waiter behind it gets the key.
+#[test]
+fn a_departed_waiter_leaves_no_reservation_behind() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "b", "h"]);
+    for how in ["timeout", "disconnect", "unblock"] {
+        let mut wc = s.client();
+        let id = client_id(&mut wc);
+        let block = if how == "timeout" { "300" } else { "0" };
+        let w = std::thread::spawn(move || {
+            call(
+                &mut wc,
+                &["RLOCK.ACQUIREALL", "2", "a", "b", "w", "BLOCK", block],
+            )
+        });
+        wait_parked(&mut c, 1);
+        let behind = spawn_call(&s, &["RLOCK.ACQUIRE", "a", "y", "BLOCK", "5000"]);
+        wait_parked(&mut c, 2);
+        match how {
+            "disconnect" => {
+                let _: () = cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("ID")
+                    .arg(id)
+                    .query(&mut c)
+                    .unwrap();
+            }
+            "unblock" => {
+                assert_eq!(int(&mut c, &["CLIENT", "UNBLOCK", &id.to_string()]), 1);
+            }
+            _ => {}
+        }
+        let (reply, waited) = behind.join().unwrap();
+        assert!(matches!(reply.unwrap(), Value::Int(_)), "{how}");
+        assert!(waited < Duration::from_secs(3), "{how}: {waited:?}");
+        match w.join().unwrap() {
+            Ok(v) => assert_eq!(v, Value::Nil, "{how}"),
+            Err(e) => assert_ne!(how, "timeout", "{e}"),
+        }
+        assert_eq!(owner_of(&mut c, "a").as_deref(), Some("y"), "{how}");
+        int(&mut c, &["RLOCK.RELEASE", "a", "y"]);
+        assert_eq!(stat(&mut c, "waiters"), 0, "{how}");
+    }
+}
+
+#[test]
+fn a_key_whose_lease_ends_is_released_alone() {
+    let s = Server::start();
+    let mut c = s.client();
+    tokens(&acquire_all(&mut c, &["2", "a", "b", "o", "PX", "300"]));
+    int(&mut c, &["RLOCK.RENEW", "b", "o", "PX", "60000"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "a", "w", "BLOCK", "5000"]);
+    let (reply, waited) = w.join().unwrap();
+    assert!(matches!(reply.unwrap(), Value::Int(_)));
+    assert!(waited < Duration::from_secs(3));
+    assert_eq!(owner_of(&mut c, "b").as_deref(), Some("o"));
+    // Its holder gets every key once the lease of the last one ends.
+    let all = spawn_call(
+        &s,
+        &["RLOCK.ACQUIREALL", "2", "a", "b", "v", "BLOCK", "5000"],
+    );
+    wait_parked(&mut c, 1);
+    int(&mut c, &["RLOCK.RELEASE", "a", "w"]);
+    int(&mut c, &["RLOCK.RENEW", "b", "o", "PX", "200"]);
+    let (reply, _) = all.join().unwrap();
+    assert_eq!(tokens(&reply.unwrap()).len(), 2);
+}
+
+#[test]
+fn inside_multi_and_lua_block_is_a_single_try() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "b", "h"]);
+    let (r,): (Value,) = redis::pipe()
+        .atomic()
+        .cmd("RLOCK.ACQUIREALL")
+        .arg(&["2", "a", "b", "o", "BLOCK", "0"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(r, Value::Nil);
+    let lua: Value = cmd("EVAL")
+        .arg("return redis.call('RLOCK.ACQUIREALL', 2, KEYS[1], KEYS[2], 'o', 'BLOCK', 0)")
+        .arg(2)
+        .arg("a")
+        .arg("c")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(tokens(&lua).len(), 2);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+}
+
+#[test]
+fn replicas_and_reloads_see_every_key() {
+    let master = Server::start_with(
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ],
+        &[],
+    );
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.client();
+    int(&mut m, &["RLOCK.ACQUIRE", "c", "h"]);
+    let got = tokens(&acquire_all(&mut m, &["2", "a", "b", "o", "PX", "60000"]));
+    let w = spawn_call(
+        &master,
+        &["RLOCK.ACQUIREALL", "2", "b", "c", "w", "BLOCK", "0"],
+    );
+    wait_parked(&mut m, 1);
+    int(&mut m, &["RLOCK.RELEASE", "c", "h"]);
+    call(&mut m, &["RLOCK.RELEASEALL", "1", "b", "o"]).unwrap();
+    let granted = tokens(&w.join().unwrap().0.unwrap());
+    let _: i64 = cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    let mut r = replica.client();
+    let expect = [
+        ("a", "o", got[0]),
+        ("b", "w", granted[0]),
+        ("c", "w", granted[1]),
+    ];
+    for (key, owner, token) in expect {
+        let info = info_map(&mut r, &["RLOCK.INFO", key]).expect(key);
+        assert_eq!(as_string(&field(&info, "owner")), owner);
+        assert_eq!(as_int(&field(&info, "token")), token);
+    }
+    // The AOF has each multi-key change as one transaction.
+    let aof: Vec<u8> = std::fs::read_dir(master.dir.join("appendonlydir"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(".incr."))
+        .flat_map(|p| std::fs::read(p).unwrap())
+        .collect();
+    let text = String::from_utf8_lossy(&aof);
+    let multis = text.matches("MULTI").count();
+    assert!(
+        multis >= 2,
+        "expected the two grants wrapped in MULTI/EXEC:\n{text}"
+    );
+    let _: () = cmd("DEBUG").arg("RELOAD").query(&mut m).unwrap();
+    for (key, owner, token) in expect {
+        let info = info_map(&mut m, &["RLOCK.INFO", key]).expect(key);
+        assert_eq!(as_string(&field(&info, "owner")), owner);
+        assert_eq!(as_int(&field(&info, "token")), token);
+    }
+}
+
+/// Clients lock overlapping pairs of keys in opposite orders for 10 s: every
+/// request is granted (no deadlock: BLOCK times never run out), and a
+/// read-modify-write of a counter per key under the lock loses no update.
+#[test]
+fn opposite_orders_under_load_never_deadlock_or_overlap() {
+    let s = Server::start();
+    let keys = ["{m}a", "{m}b", "{m}c", "{m}d"];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = vec![];
+    for n in 0..6usize {
+        let mut c = s.client();
+        let stop = stop.clone();
+        workers.push(std::thread::spawn(move || {
+            let mut done: HashMap<&str, i64> = HashMap::new();
+            let mut timeouts = 0;
+            let mut i = n;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                // Pairs in both orders, and now and then all four keys.
+                let mut pick: Vec<&str> = if i % 7 == 0 {
+                    keys.to_vec()
+                } else {
+                    vec![keys[i % 4], keys[(i + 1 + n % 2) % 4]]
+                };
+                if n % 2 == 1 {
+                    pick.reverse();
+                }
+                let owner = format!("w{n}");
+                let numkeys = pick.len().to_string();
+                let mut args = vec![numkeys.as_str()];
+                args.extend(&pick);
+                args.extend([owner.as_str(), "PX", "30000", "BLOCK", "8000"]);
+                let reply = acquire_all(&mut c, &args);
+                if reply == Value::Nil {
+                    timeouts += 1;
+                    continue;
+                }
+                for k in &pick {
+                    let counter = format!("{k}:n");
+                    let v: Option<i64> = cmd("GET").arg(&counter).query(&mut c).unwrap();
+                    let _: () = cmd("SET")
+                        .arg(&counter)
+                        .arg(v.unwrap_or(0) + 1)
+                        .query(&mut c)
+                        .unwrap();
+                    *done.entry(*k).or_default() += 1;
+                }
+                let mut rel = vec![numkeys.as_str()];
+                rel.extend(&pick);
+                rel.push(owner.as_str());
+                let mut full = vec!["RLOCK.RELEASEALL"];
+                full.extend(rel);
+                call(&mut c, &full).unwrap();
+            }
+            (done, timeouts)
+        }));
+    }
+    let mut c = s.client();
+    // A single-key client competes for the same keys meanwhile.
+    let started = Instant::now();
+    let mut single = 0;
+    while started.elapsed() < Duration::from_secs(10) {
+        let key = keys[single % 4];
+        let t = call(&mut c, &["RLOCK.ACQUIRE", key, "single", "BLOCK", "8000"]).unwrap();
+        assert!(matches!(t, Value::Int(_)), "single-key waiter timed out");
+        let counter = format!("{key}:n");
+        let v: Option<i64> = cmd("GET").arg(&counter).query(&mut c).unwrap();
+        let _: () = cmd("SET")
+            .arg(&counter)
+            .arg(v.unwrap_or(0) + 1)
+            .query(&mut c)
+            .unwrap();
+        int(&mut c, &["RLOCK.RELEASE", key, "single"]);
+        single += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut total: HashMap<&str, i64> = HashMap::new();
+    for k in 0..single {
+        *total.entry(keys[k % 4]).or_default() += 1;
+    }
+    for w in workers {
+        let (done, timeouts) = w.join().unwrap();
+        assert_eq!(
+            timeouts, 0,
+            "a multi-key waiter timed out: deadlock or starvation"
+        );
+        for (k, n) in done {
+            *total.entry(k).or_default() += n;
+        }
+    }
+    let grants: i64 = total.values().sum();
+    let handed_over = stat(&mut c, "contended_grants");
+    eprintln!("{grants} key holds in 10 s ({single} single-key, {handed_over} handed over to parked waiters): {total:?}");
+    assert!(
+        handed_over > 100,
+        "the waiters hardly ever waited: {handed_over}"
+    );
+    for k in keys {
+        let v: Option<i64> = cmd("GET").arg(format!("{k}:n")).query(&mut c).unwrap();
+        assert_eq!(
+            v.unwrap_or(0),
+            total[k],
+            "lost update on {k}: holds overlapped"
+        );
+    }
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    assert_eq!(
+        int(&mut c, &["EXISTS", keys[0], keys[1], keys[2], keys[3]]),
+        0
+    );
+}
