@@ -59,6 +59,8 @@ struct Record {
     status: Status,
     /// BLOCK deadline (unix ms), 0 for none.
     deadline: i64,
+    /// KEEPALIVE: (its client id, lease) to bind what it is granted to.
+    keepalive: Option<(u64, i64)>,
 }
 
 /// How often withheld hand-overs re-check whether the master accepts writes.
@@ -199,7 +201,15 @@ fn enqueue_on(
 
 /// Blocks the calling client as waiter `id` (already queued) on `keynames`,
 /// for `timeout_ms` (0: forever). Redis gets no timeout: see the module doc.
-pub fn park(ctx: *mut Ctx, keynames: &[*mut RStr], db: i32, id: u64, timeout_ms: i64) {
+pub fn park(
+    ctx: *mut Ctx,
+    keynames: &[*mut RStr],
+    db: i32,
+    id: u64,
+    timeout_ms: i64,
+    keepalive_lease: Option<i64>,
+) {
+    let keepalive = keepalive_lease.map(|lease| (crate::engine::client_id(ctx), lease));
     let mut names = keynames.to_vec();
     let privdata = Box::into_raw(Box::new(id)).cast::<c_void>();
     let bc = unsafe {
@@ -241,6 +251,7 @@ pub fn park(ctx: *mut Ctx, keynames: &[*mut RStr], db: i32, id: u64, timeout_ms:
                 keys,
                 status: Status::Waiting,
                 deadline,
+                keepalive,
             },
         )
     });
@@ -335,6 +346,7 @@ pub fn dequeue_all(db: i32, keys: &[Vec<u8>], id: u64) {
 /// Answers a multi-key waiter with its tokens (already dequeued).
 pub fn deliver_all(id: u64, tokens: Vec<u64>) {
     stats::bump(&stats::CONTENDED_GRANTS, 1);
+    bind_granted(id, &tokens);
     unblock(id, Status::GrantedAll(tokens));
 }
 
@@ -412,12 +424,28 @@ pub fn deliver(served: Vec<Served>) {
         let (id, status) = match s {
             Served::Granted { id, token } => {
                 stats::bump(&stats::CONTENDED_GRANTS, 1);
+                bind_granted(id, &[token]);
                 (id, Status::Granted(token))
             }
             Served::Refused { id, error } => (id, Status::Failed(error.to_string())),
             Served::TimedOut { id } => (id, Status::TimedOut),
         };
         unblock(id, status);
+    }
+}
+
+/// A KEEPALIVE waiter was granted `tokens` (one per key): bind them to its
+/// connection.
+fn bind_granted(id: u64, tokens: &[u64]) {
+    let bound = with(|r| {
+        let rec = r.records.get(&id)?;
+        let (client, lease) = rec.keepalive?;
+        Some((rec.db, rec.keys.clone(), client, lease))
+    });
+    if let Some((db, keys, client, lease)) = bound {
+        for (key, token) in keys.iter().zip(tokens) {
+            crate::keepalive::bind(db, key, *token, client, lease);
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::os::raw::c_void;
 use redis_module::raw::{self, RedisModuleEvent};
 
 use crate::ffi::{api, now_ms, Ctx, OK};
-use crate::{blocking, lease, min_replicas, role, token};
+use crate::{blocking, keepalive, lease, min_replicas, role, token};
 
 unsafe extern "C" fn on_role_change(
     ctx: *mut Ctx,
@@ -24,6 +24,9 @@ unsafe extern "C" fn on_role_change(
             lease::resume(ctx);
         } else {
             lease::pause(ctx);
+            // Connections do not follow a role change: holdings keep their
+            // last replicated deadline.
+            keepalive::clear();
         }
     })
 }
@@ -92,6 +95,22 @@ unsafe extern "C" fn on_replica_change(
     min_replicas::replicas_changed();
 }
 
+/// A client connected or disconnected: a closed connection ends the
+/// KEEPALIVE holdings bound to it.
+unsafe extern "C" fn on_client_change(
+    ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    sub: u64,
+    data: *mut c_void,
+) {
+    crate::ffi::contained("client change", (), || {
+        if sub == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED && !data.is_null() {
+            let info = &*(data as *const raw::RedisModuleClientInfo);
+            keepalive::client_gone(ctx, info.id);
+        }
+    })
+}
+
 /// serverCron ticked: keeps the min-replicas verdict fresh (when configured).
 unsafe extern "C" fn on_cron(
     _ctx: *mut Ctx,
@@ -119,7 +138,7 @@ pub fn subscribe(ctx: *mut Ctx) -> bool {
     // The first token epoch starts at load (a restart with no dataset
     // fires no loading event).
     token::start_epoch(now_ms());
-    let events: [(u64, raw::RedisModuleEventCallback); 7] = [
+    let events: [(u64, raw::RedisModuleEventCallback); 8] = [
         (
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             Some(on_role_change),
@@ -133,6 +152,7 @@ pub fn subscribe(ctx: *mut Ctx) -> bool {
         ),
         (raw::REDISMODULE_EVENT_CONFIG, Some(on_config_change)),
         (raw::REDISMODULE_EVENT_CRON_LOOP, Some(on_cron)),
+        (raw::REDISMODULE_EVENT_CLIENT_CHANGE, Some(on_client_change)),
     ];
     // No keyspace-event subscription: the type's unlink hook sees every removal
     // of a lock key, and other keys' events never call into the module.

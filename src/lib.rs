@@ -11,6 +11,7 @@ mod docs;
 mod engine;
 mod events;
 mod ffi;
+mod keepalive;
 mod lease;
 pub mod lock;
 mod min_replicas;

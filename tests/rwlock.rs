@@ -676,7 +676,7 @@ fn check_info_fields(s: &Server, c: &mut Connection, key: &str) {
     };
     for entry in &entries {
         let keys: Vec<String> = pairs(entry).into_iter().map(|(k, _)| k).collect();
-        assert_eq!(keys, ["owner", "holds", "token", "ttl"]);
+        assert_eq!(keys, ["owner", "holds", "token", "ttl", "keepalive"]);
     }
 
     assert_eq!(int(c, &["RWLOCK.FORCERELEASE", key]), 1);

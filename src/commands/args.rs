@@ -15,6 +15,8 @@ pub struct Options {
     pub lease_ms: Option<i64>,
     /// BLOCK timeout in milliseconds (0: wait forever).
     pub block_ms: Option<i64>,
+    /// KEEPALIVE: the server renews the holding while the connection is open.
+    pub keepalive: bool,
 }
 
 fn integer(arg: &[u8]) -> Option<i64> {
@@ -30,18 +32,27 @@ fn max_duration(now: i64) -> i64 {
     i64::MAX - now.max(0)
 }
 
-/// Parses `[PX ms | EX s] [BLOCK ms]` (each at most once, any order, any case).
+/// Parses `[PX ms | EX s]`, and for an acquisition `[BLOCK ms] [KEEPALIVE]`
+/// (each at most once, any order, any case).
 pub fn options<'a>(
     args: impl IntoIterator<Item = &'a [u8]>,
-    allow_block: bool,
+    acquire: bool,
     now: i64,
 ) -> Result<Options, &'static str> {
     let mut opts = Options {
         lease_ms: None,
         block_ms: None,
+        keepalive: false,
     };
     let mut it = args.into_iter();
     while let Some(name) = it.next() {
+        if acquire && name.eq_ignore_ascii_case(b"KEEPALIVE") {
+            if opts.keepalive {
+                return Err(SYNTAX_ERR);
+            }
+            opts.keepalive = true;
+            continue;
+        }
         let value = it.next().ok_or(SYNTAX_ERR)?;
         if name.eq_ignore_ascii_case(b"PX") || name.eq_ignore_ascii_case(b"EX") {
             if opts.lease_ms.is_some() {
@@ -57,7 +68,7 @@ pub fn options<'a>(
                 return Err(LEASE_ERR);
             }
             opts.lease_ms = Some(ms);
-        } else if allow_block && name.eq_ignore_ascii_case(b"BLOCK") {
+        } else if acquire && name.eq_ignore_ascii_case(b"BLOCK") {
             if opts.block_ms.is_some() {
                 return Err(SYNTAX_ERR);
             }
@@ -119,7 +130,8 @@ mod tests {
             parse(&["block", "0", "Px", "250"]),
             Ok(Options {
                 lease_ms: Some(250),
-                block_ms: Some(0)
+                block_ms: Some(0),
+                keepalive: false,
             })
         );
         assert_eq!(parse(&["EX", "2"]).unwrap().lease_ms, Some(2000));
@@ -127,9 +139,18 @@ mod tests {
             parse(&[]).unwrap(),
             Options {
                 lease_ms: None,
-                block_ms: None
+                block_ms: None,
+                keepalive: false,
             }
         );
+    }
+
+    #[test]
+    fn keepalive_is_a_word_of_acquisitions_only() {
+        assert!(parse(&["keepalive", "PX", "5"]).unwrap().keepalive);
+        assert_eq!(parse(&["KEEPALIVE", "KEEPALIVE"]), Err(SYNTAX_ERR));
+        let renew: Vec<&[u8]> = vec![b"KEEPALIVE"];
+        assert_eq!(options(renew, false, NOW), Err(SYNTAX_ERR));
     }
 
     #[test]

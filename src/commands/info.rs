@@ -25,6 +25,10 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
     let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
     let waiters = blocking::queue_len(db, name) as i64;
     let ttl = |h: &Holder| Reply::Int(h.deadline - now);
+    let keepalive = |h: &Holder| {
+        crate::keepalive::bound_client(db, name, h.token)
+            .map_or(Reply::Null, |c| Reply::Int(c as i64))
+    };
     match kind {
         Kind::Reentrant | Kind::Fair => {
             let h = first;
@@ -34,6 +38,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
                 ("holds", Reply::Int(h.writes as i64)),
                 ("token", Reply::Int(h.token as i64)),
                 ("ttl", ttl(h)),
+                ("keepalive", keepalive(h)),
                 ("waiters", Reply::Int(waiters)),
             ];
             if kind == Kind::Fair {
@@ -59,6 +64,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
                         ("holds", Reply::Int(h.reads as i64)),
                         ("token", Reply::Int(h.token as i64)),
                         ("ttl", ttl(h)),
+                        ("keepalive", keepalive(h)),
                     ])
                 })
                 .collect();
@@ -81,6 +87,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
                     "writer_token",
                     writer.map_or(Reply::Null, |w| Reply::Int(w.token as i64)),
                 ),
+                ("writer_keepalive", writer.map_or(Reply::Null, keepalive)),
                 ("readers", Reply::Array(listed)),
                 ("reader_count", Reply::Int(reader_count)),
                 ("ttl", Reply::Int(latest - now)),

@@ -65,6 +65,9 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
+    if opts.keepalive && !keepalive_allowed(ctx) {
+        return Reply::err(KEEPALIVE_SCRIPT_ERR);
+    }
     // Redis admitted this write, but its count of good replicas can be a
     // second stale after the server was frozen: no new holder then.
     if crate::min_replicas::refuses_writes() {
@@ -75,6 +78,7 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         mode,
         lease_ms: opts.lease_ms.unwrap_or_else(config::default_lease_ms),
         block: opts.block_ms,
+        keepalive: opts.keepalive,
     };
     engine::execute(ctx, argv[1], Some(kind), action)
 }
@@ -125,6 +129,15 @@ pub fn info(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         _ => return arity_error(argv),
     };
     info::describe(ctx, argv[1], kind, count)
+}
+
+pub const KEEPALIVE_SCRIPT_ERR: &str =
+    "ERR KEEPALIVE binds a holding to a client connection: not available in scripts and functions";
+
+/// A script's connection is not the client's: nothing would ever end a
+/// holding bound to it.
+pub fn keepalive_allowed(ctx: *mut Ctx) -> bool {
+    ffi::ctx_flags(ctx) & redis_module::raw::REDISMODULE_CTX_FLAGS_LUA == 0
 }
 
 /// Runs a handler with its panics contained and writes its reply.

@@ -59,12 +59,15 @@ pub fn acquire_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
+    if opts.keepalive && !super::keepalive_allowed(ctx) {
+        return Reply::err(super::KEEPALIVE_SCRIPT_ERR);
+    }
     // As for ACQUIRE: Redis's count of good replicas can be stale.
     if min_replicas::refuses_writes() {
         return Reply::err(min_replicas::NOREPLICAS_ERR);
     }
     let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
-    engine::acquire_all(ctx, keys, owner, lease_ms, opts.block_ms)
+    engine::acquire_all(ctx, keys, owner, lease_ms, opts.block_ms, opts.keepalive)
 }
 
 pub fn release_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {

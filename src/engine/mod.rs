@@ -32,6 +32,8 @@ pub enum Action<'a> {
         lease_ms: i64,
         /// `Some(ms)` parks the client when busy (0: no timeout).
         block: Option<i64>,
+        /// Bind the holding to the calling connection (`keepalive`).
+        keepalive: bool,
     },
     Release {
         owner: &'a [u8],
@@ -50,6 +52,15 @@ pub enum Action<'a> {
     Expire,
     /// Serve the queue (a waiter left its head, or the key vanished under it).
     Serve,
+    /// The keepalive timer renews a bound tenure.
+    KeepAlive {
+        token: u64,
+        lease_ms: i64,
+    },
+    /// The connection a tenure was bound to closed: it ends as a release.
+    EndTenure {
+        token: u64,
+    },
 }
 
 impl Action<'_> {
@@ -59,12 +70,20 @@ impl Action<'_> {
     }
 }
 
+/// The caller waits: its queue id, BLOCK time, and the lease of a KEEPALIVE
+/// holding to bind to its connection once granted.
+struct Park {
+    id: u64,
+    timeout: i64,
+    keepalive: Option<i64>,
+}
+
 struct Change {
     dirty: bool,
     acquired: bool,
     ended: Vec<EndReason>,
     served: Vec<Served>,
-    park: Option<(u64, i64)>,
+    park: Option<Park>,
     delta: Delta,
 }
 
@@ -260,8 +279,8 @@ fn finish(ctx: *mut Ctx, mut o: Opened, now: i64, origin: Origin) {
         ..
     } = o;
     drop(key);
-    if let Some((id, timeout)) = change.park {
-        blocking::park(ctx, &[keyname], db, id, timeout);
+    if let Some(p) = change.park {
+        blocking::park(ctx, &[keyname], db, p.id, p.timeout, p.keepalive);
     }
     blocking::deliver(change.served);
 }
@@ -276,6 +295,7 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             mode,
             lease_ms,
             block,
+            keepalive,
         } => {
             let granted = match state.admit(owner, mode) {
                 Admission::Upgrade => return Reply::err(err::UPGRADE),
@@ -292,6 +312,9 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
                         stats::bump(&stats::GRANTS, 1);
                         change.dirty = true;
                         change.acquired = true;
+                        if keepalive {
+                            crate::keepalive::bind(db, name, token, client_id(ctx), lease_ms);
+                        }
                         Reply::Int(token as i64)
                     }
                     Err(refused) => Reply::err(refused.0),
@@ -300,7 +323,11 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             match block {
                 Some(timeout) if blocking::may_block(ctx) => {
                     let id = blocking::enqueue(db, name, kind, owner, mode, lease_ms);
-                    change.park = Some((id, timeout));
+                    change.park = Some(Park {
+                        id,
+                        timeout,
+                        keepalive: keepalive.then_some(lease_ms),
+                    });
                     Reply::Parked
                 }
                 _ => Reply::Null,
@@ -351,6 +378,23 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
                 Reply::Simple("OK")
             }
             Err(e) => Reply::err(e),
+        },
+        Action::KeepAlive { token, lease_ms } => {
+            let deadline = now.saturating_add(lease_ms);
+            match state.renew_tenure(token, deadline, &mut change.delta) {
+                Ok(()) => {
+                    change.dirty = true;
+                    Reply::Int(1)
+                }
+                Err(_) => Reply::Null,
+            }
+        }
+        Action::EndTenure { token } => match state.end_tenure(token, &mut change.delta) {
+            Ok(()) => {
+                change.end(EndReason::Released);
+                Reply::Int(1)
+            }
+            Err(_) => Reply::Null,
         },
         Action::Expire | Action::Serve => Reply::Null,
     }
@@ -427,6 +471,29 @@ fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
             delta.len(),
         )
     };
+}
+
+pub fn client_id(ctx: *mut Ctx) -> u64 {
+    unsafe { api!(RedisModule_GetClientId)(ctx) }
+}
+
+/// Keepalive timer: renews the tenure `token` on (db, key) to now + lease.
+/// False when that tenure is gone.
+pub fn keep_alive(ctx: *mut Ctx, db: i32, key: &[u8], token: u64, lease_ms: i64) -> bool {
+    if !select_db(ctx, db) {
+        return false;
+    }
+    let keyname = OwnedStr::new(key);
+    let action = Action::KeepAlive { token, lease_ms };
+    matches!(execute(ctx, keyname.ptr(), None, action), Reply::Int(1))
+}
+
+/// The connection the tenure `token` on (db, key) was bound to closed.
+pub fn end_holding(ctx: *mut Ctx, db: i32, key: &[u8], token: u64) {
+    if select_db(ctx, db) {
+        let keyname = OwnedStr::new(key);
+        execute(ctx, keyname.ptr(), None, Action::EndTenure { token });
+    }
 }
 
 /// Lease timer entry for (db, key) fired.

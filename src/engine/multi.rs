@@ -105,6 +105,7 @@ pub fn acquire_all(
     owner: &[u8],
     lease_ms: i64,
     block: Option<i64>,
+    keepalive: bool,
 ) -> Reply {
     let now = now_ms();
     let mut opened = match open_all(ctx, keynames, now) {
@@ -123,7 +124,15 @@ pub fn acquire_all(
     let mut reply = Reply::Null;
     if grantable {
         reply = match grant_every(&mut opened, owner, lease_ms, now) {
-            Ok(tokens) => blocking::tokens_reply(&tokens),
+            Ok(tokens) => {
+                if keepalive {
+                    let client = super::client_id(ctx);
+                    for (o, token) in opened.iter().zip(&tokens) {
+                        crate::keepalive::bind(o.db, o.name, *token, client, lease_ms);
+                    }
+                }
+                blocking::tokens_reply(&tokens)
+            }
             Err(e) => Reply::err(e),
         };
     }
@@ -143,7 +152,14 @@ pub fn acquire_all(
     };
     finish_all(ctx, opened, now);
     if let Some((id, db, timeout)) = parked {
-        blocking::park(ctx, keynames, db, id, timeout);
+        blocking::park(
+            ctx,
+            keynames,
+            db,
+            id,
+            timeout,
+            keepalive.then_some(lease_ms),
+        );
         reply = Reply::Parked;
     }
     serve_multi_ready(ctx);

@@ -250,8 +250,27 @@ impl LockState {
         delta: &mut Delta,
     ) -> Result<(), NotOwner> {
         let token = self.holder(owner).ok_or(NotOwner)?.token;
-        self.modify(token, |h| h.deadline = deadline);
+        self.renew_tenure(token, deadline, delta)
+    }
+
+    /// Renews the tenure with this token (a KEEPALIVE renewal: a later tenure
+    /// of the same owner is not the bound one).
+    pub fn renew_tenure(
+        &mut self,
+        token: u64,
+        deadline: i64,
+        delta: &mut Delta,
+    ) -> Result<(), NotOwner> {
+        self.modify(token, |h| h.deadline = deadline)
+            .ok_or(NotOwner)?;
         delta.renew(token, deadline);
+        Ok(())
+    }
+
+    /// Ends the tenure with this token, every hold of it at once.
+    pub fn end_tenure(&mut self, token: u64, delta: &mut Delta) -> Result<(), NotOwner> {
+        self.remove(token).ok_or(NotOwner)?;
+        delta.end(token);
         Ok(())
     }
 
