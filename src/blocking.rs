@@ -61,6 +61,8 @@ struct Record {
     deadline: i64,
     /// KEEPALIVE: (its client id, lease) to bind what it is granted to.
     keepalive: Option<(u64, i64)>,
+    /// When it was parked (unix ms), for deadlock detection.
+    parked_at: i64,
 }
 
 /// How often withheld hand-overs re-check whether the master accepts writes.
@@ -76,6 +78,8 @@ struct Registry {
     queued: usize,
     /// (BLOCK deadline, waiter id) of every parked waiter with a timeout.
     deadlines: BTreeSet<(i64, u64)>,
+    /// (parked at, waiter id) of the waiters deadlock detection has not checked.
+    unchecked: BTreeSet<(i64, u64)>,
     /// Keys whose hand-over waits for the master to accept writes again.
     withheld: HashSet<(i32, Vec<u8>)>,
     /// Multi-key waiters first in the queue of a key that could be theirs:
@@ -86,6 +90,14 @@ struct Registry {
 }
 
 impl Registry {
+    /// Removes a waiter's record and its entries in the deadline sets.
+    fn forget(&mut self, id: u64) -> Option<Record> {
+        let rec = self.records.remove(&id)?;
+        self.deadlines.remove(&(rec.deadline, id));
+        self.unchecked.remove(&(rec.parked_at, id));
+        Some(rec)
+    }
+
     /// A burst of waiters must not pin its peak size once everyone has left.
     fn release_spare_capacity(&mut self) {
         if self.records.is_empty() && self.records.capacity() > 64 {
@@ -239,10 +251,12 @@ pub fn park(
             with_queue(db, key, |q| q.set_deadline(id, deadline));
         }
     }
+    let parked_at = now_ms();
     with(|r| {
         if deadline != 0 {
             r.deadlines.insert((deadline, id));
         }
+        r.unchecked.insert((parked_at, id));
         r.records.insert(
             id,
             Record {
@@ -252,6 +266,7 @@ pub fn park(
                 status: Status::Waiting,
                 deadline,
                 keepalive,
+                parked_at,
             },
         )
     });
@@ -298,6 +313,45 @@ pub fn withhold(db: i32, key: &[u8]) {
     if first {
         arm(crate::notify::module_context());
     }
+}
+
+/// Waiters parked at or before `parked_before` that deadlock detection has
+/// not checked yet; they count as checked from now on.
+pub fn take_unchecked(parked_before: i64) -> Vec<u64> {
+    with(|r| {
+        let mut ids = Vec::new();
+        while let Some(&(at, id)) = r.unchecked.first() {
+            if at > parked_before {
+                break;
+            }
+            r.unchecked.pop_first();
+            ids.push(id);
+        }
+        ids
+    })
+}
+
+/// One key's queue as deadlock detection sees it: (id, owner) in order.
+pub struct QueuedKey {
+    pub db: i32,
+    pub key: Vec<u8>,
+    pub waiters: Vec<(u64, Vec<u8>)>,
+}
+
+/// Every queue's waiters in order.
+pub fn queued_waiters() -> Vec<QueuedKey> {
+    with(|r| {
+        r.queues
+            .iter()
+            .flat_map(|(db, qs)| {
+                qs.iter().map(move |(key, q)| QueuedKey {
+                    db: *db,
+                    key: key.clone(),
+                    waiters: q.waiters().map(|w| (w.id, w.owner.clone())).collect(),
+                })
+            })
+            .collect()
+    })
 }
 
 /// A multi-key waiter that a key's queue found ready for it, if any.
@@ -491,10 +545,7 @@ unsafe fn waiter_id(ctx: *mut Ctx) -> Option<u64> {
 /// and if it was at the head let the lock serve whoever is now first.
 fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
     let rec = with(|r| {
-        let rec = r.records.remove(&id);
-        if let Some(rec) = &rec {
-            r.deadlines.remove(&(rec.deadline, id));
-        }
+        let rec = r.forget(id);
         r.release_spare_capacity();
         rec
     })?;
@@ -543,11 +594,7 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
         };
         let answered = with(|r| match r.records.get(&id).map(|rec| &rec.status) {
             Some(Status::Waiting) | None => None,
-            Some(_) => {
-                let rec = r.records.remove(&id)?;
-                r.deadlines.remove(&(rec.deadline, id));
-                Some(rec)
-            }
+            Some(_) => r.forget(id),
         });
         match answered.map(|rec| rec.status) {
             Some(Status::Granted(token)) => send(ctx, &Reply::Int(token as i64)),

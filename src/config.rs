@@ -6,6 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 pub static DEFAULT_LEASE_MS: AtomicI64 = AtomicI64::new(30_000);
 pub static NOTIFY_CHANNEL: AtomicBool = AtomicBool::new(true);
 pub static NOTIFY_KEYSPACE: AtomicBool = AtomicBool::new(true);
+pub static DEADLOCK_CHECK_MS: AtomicI64 = AtomicI64::new(1000);
+
+/// How long a waiter waits before deadlock detection checks it (0: off).
+pub fn deadlock_check_ms() -> i64 {
+    DEADLOCK_CHECK_MS.load(Ordering::Relaxed)
+}
 
 pub fn default_lease_ms() -> i64 {
     DEFAULT_LEASE_MS.load(Ordering::Relaxed)
@@ -40,6 +46,14 @@ pub fn apply_module_args(args: &[&[u8]]) -> Result<(), String> {
                     .filter(|ms| (1..=MAX_LEASE_MS).contains(ms))
                     .ok_or_else(|| format!("default-lease-ms must be an integer in 1..={MAX_LEASE_MS}, got '{value}'"))?;
                 DEFAULT_LEASE_MS.store(ms, Ordering::Relaxed);
+            }
+            "deadlock-check-ms" => {
+                let ms: i64 = value
+                    .parse()
+                    .ok()
+                    .filter(|ms| (0..=MAX_LEASE_MS).contains(ms))
+                    .ok_or_else(|| format!("deadlock-check-ms must be an integer in 0..={MAX_LEASE_MS}, got '{value}'"))?;
+                DEADLOCK_CHECK_MS.store(ms, Ordering::Relaxed);
             }
             "notify-channel" => NOTIFY_CHANNEL.store(yes_no(&name, &value)?, Ordering::Relaxed),
             "notify-keyspace" => NOTIFY_KEYSPACE.store(yes_no(&name, &value)?, Ordering::Relaxed),

@@ -112,13 +112,11 @@ unsafe extern "C" fn on_client_change(
 }
 
 /// serverCron ticked: keeps the min-replicas verdict fresh (when configured).
-unsafe extern "C" fn on_cron(
-    _ctx: *mut Ctx,
-    _eid: RedisModuleEvent,
-    _sub: u64,
-    _data: *mut c_void,
-) {
-    crate::ffi::contained("cron", (), min_replicas::on_cron)
+unsafe extern "C" fn on_cron(ctx: *mut Ctx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
+    crate::ffi::contained("cron", (), || {
+        min_replicas::on_cron();
+        crate::deadlock::on_cron(ctx);
+    })
 }
 
 /// CONFIG SET: min-replicas-* may have changed.

@@ -7,6 +7,7 @@
 mod blocking;
 mod commands;
 mod config;
+mod deadlock;
 mod docs;
 mod engine;
 mod events;
@@ -158,6 +159,7 @@ redis_module! {
     configurations: [
         i64: [
             ["default-lease-ms", &config::DEFAULT_LEASE_MS, 30_000, 1, config::MAX_LEASE_MS, ConfigurationFlags::DEFAULT, None],
+            ["deadlock-check-ms", &config::DEADLOCK_CHECK_MS, 1000, 0, config::MAX_LEASE_MS, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [

@@ -16,6 +16,7 @@ pub static WAIT_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
 pub static LEASE_EXPIRATIONS: AtomicU64 = AtomicU64::new(0);
 pub static FORCED_RELEASES: AtomicU64 = AtomicU64::new(0);
 pub static TOKENS_ISSUED: AtomicU64 = AtomicU64::new(0);
+pub static DEADLOCKS: AtomicU64 = AtomicU64::new(0);
 
 pub fn bump(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -28,7 +29,7 @@ fn get(counter: &AtomicU64) -> i64 {
 pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
     // Redis prefixes each field with the module name: `rlock_locks`, ...
     api!(RedisModule_InfoAddSection)(ctx, std::ptr::null());
-    let fields: [(&str, i64); 10] = [
+    let fields: [(&str, i64); 11] = [
         ("locks", LOCKS.load(Ordering::Relaxed).max(0)),
         ("waiters", crate::blocking::parked() as i64),
         ("grants", get(&GRANTS)),
@@ -39,6 +40,7 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c
         ("tokens_issued", get(&TOKENS_ISSUED)),
         ("last_token", crate::token::last() as i64),
         ("lease_schedule", crate::lease::watched() as i64),
+        ("deadlocks", get(&DEADLOCKS)),
     ];
     for (name, value) in fields {
         let name = std::ffi::CString::new(name).expect("static name");

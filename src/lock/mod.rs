@@ -9,11 +9,13 @@ pub mod encoding;
 mod owner;
 mod queue;
 mod state;
+mod waitfor;
 
 pub use delta::{Delta, Op};
 pub use owner::Owner;
 pub use queue::{Served, WaitQueue, Waiter};
 pub use state::{Admission, Holder, LockState, NotOwner, Refused};
+pub use waitfor::{Cycle, WaitFor};
 
 /// Error replies of the lock rules, shared by every layer that answers a client.
 pub mod err {

@@ -1,0 +1,144 @@
+//! The wait-for graph of deadlock detection: owners are nodes; a parked
+//! waiter adds edges from its owner to the owners it waits for. Pure: the
+//! caller feeds it the queues and holders.
+//!
+//! Per key only the direct waits are recorded: the first waiter waits for the
+//! holders, every other waiter for the one just ahead of it. A waiter waits
+//! for everybody ahead too, but through that chain: every edge recorded is a
+//! real wait, and every cycle of the full graph has one through the chains,
+//! so cycles are found with O(waiters + holders) edges, not O(waiters²).
+
+use std::collections::{HashMap, HashSet};
+
+#[derive(Default, Debug)]
+pub struct WaitFor {
+    /// owner -> (owner it waits for, the waiter whose wait it is)
+    edges: HashMap<Vec<u8>, Vec<(Vec<u8>, u64)>>,
+    /// waiter id -> its owner
+    owners: HashMap<u64, Vec<u8>>,
+}
+
+/// A cycle through a waiter: the waiter to answer (the one on the cycle that
+/// started waiting last, the highest id) and the owners around the cycle,
+/// starting and ending with that waiter's owner.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Cycle {
+    pub victim: u64,
+    pub owners: Vec<Vec<u8>>,
+}
+
+impl WaitFor {
+    /// Waiter `waiter` of `from` waits for `to` (self-waits are ignored).
+    pub fn add(&mut self, waiter: u64, from: &[u8], to: &[u8]) {
+        self.owners.entry(waiter).or_insert_with(|| from.to_vec());
+        if from != to {
+            self.edges
+                .entry(from.to_vec())
+                .or_default()
+                .push((to.to_vec(), waiter));
+        }
+    }
+
+    /// Forgets a waiter's edges (it was answered).
+    pub fn remove_waiter(&mut self, waiter: u64) {
+        if let Some(owner) = self.owners.remove(&waiter) {
+            if let Some(list) = self.edges.get_mut(&owner) {
+                list.retain(|(_, w)| *w != waiter);
+            }
+        }
+    }
+
+    /// A cycle that one of `waiter`'s own waits is part of, if any.
+    pub fn cycle_through(&self, waiter: u64) -> Option<Cycle> {
+        let start = self.owners.get(&waiter)?;
+        let firsts = self.edges.get(start)?.iter().filter(|(_, w)| *w == waiter);
+        let mut seen = HashSet::new();
+        for (next, _) in firsts {
+            // Depth-first search from `next` back to `start`, iteratively.
+            let mut path: Vec<(&[u8], u64)> = vec![(start, waiter)];
+            let mut stack: Vec<(&[u8], u64, usize)> = vec![(next, waiter, path.len())];
+            while let Some((node, via, depth)) = stack.pop() {
+                path.truncate(depth);
+                if node == start.as_slice() {
+                    let victim = path.iter().map(|(_, w)| *w).chain([via]).max()?;
+                    let mut owners: Vec<Vec<u8>> = path.iter().map(|(o, _)| o.to_vec()).collect();
+                    owners.push(start.clone());
+                    return Some(Cycle {
+                        victim,
+                        owners: rotate_to(owners, self.owners.get(&victim)?),
+                    });
+                }
+                if !seen.insert(node) {
+                    continue;
+                }
+                path.push((node, via));
+                for (to, w) in self.edges.get(node).into_iter().flatten() {
+                    stack.push((to, *w, path.len()));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// `owners` is a closed walk (first == last); starts it at `first`.
+fn rotate_to(mut owners: Vec<Vec<u8>>, first: &[u8]) -> Vec<Vec<u8>> {
+    owners.pop();
+    if let Some(i) = owners.iter().position(|o| o == first) {
+        owners.rotate_left(i);
+    }
+    owners.push(owners[0].clone());
+    owners
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(c: &Cycle) -> Vec<String> {
+        c.owners
+            .iter()
+            .map(|o| String::from_utf8_lossy(o).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn two_owners_waiting_for_each_other() {
+        let mut g = WaitFor::default();
+        // a holds k1 and waits for k2 (waiter 1); b holds k2 and waits for k1 (waiter 2).
+        g.add(1, b"a", b"b");
+        g.add(2, b"b", b"a");
+        let c = g.cycle_through(1).unwrap();
+        assert_eq!(c.victim, 2, "the one that started waiting last");
+        assert_eq!(names(&c), ["b", "a", "b"]);
+        assert_eq!(g.cycle_through(2).unwrap().victim, 2);
+        g.remove_waiter(2);
+        assert_eq!(g.cycle_through(1), None);
+    }
+
+    #[test]
+    fn chains_and_bystanders() {
+        let mut g = WaitFor::default();
+        // c waits behind d on some key, d waits for a, a waits for c: a cycle of three.
+        g.add(5, b"c", b"d");
+        g.add(3, b"d", b"a");
+        g.add(4, b"a", b"c");
+        // e waits for a: on no cycle.
+        g.add(9, b"e", b"a");
+        assert_eq!(g.cycle_through(9), None);
+        let c = g.cycle_through(3).unwrap();
+        assert_eq!(c.victim, 5);
+        assert_eq!(names(&c), ["c", "d", "a", "c"]);
+        // A waiter that only waits for itself is no cycle.
+        let mut g = WaitFor::default();
+        g.add(1, b"a", b"a");
+        assert_eq!(g.cycle_through(1), None);
+        // One owner with two waiters: only the wait that closes the cycle counts.
+        let mut g = WaitFor::default();
+        g.add(1, b"a", b"b");
+        g.add(2, b"a", b"z");
+        g.add(3, b"b", b"a");
+        assert_eq!(g.cycle_through(2), None);
+        assert_eq!(g.cycle_through(1).unwrap().victim, 3);
+    }
+}
