@@ -45,7 +45,11 @@ unsafe extern "C" fn on_loading(
             role::refresh(ctx);
             lease::resume(ctx);
         }
-        _ => role::set_loading(true),
+        _ => {
+            role::set_loading(true);
+            // A reloaded holding is not bound (SPEC: restarts keep no bindings).
+            keepalive::clear();
+        }
     })
 }
 

@@ -96,6 +96,11 @@ fn unbind(holding: &Holding) {
     });
 }
 
+/// Holdings bound right now (`INFO rlock_keepalive_holds`).
+pub fn count() -> usize {
+    REGISTRY.with(|r| r.try_borrow().map(|r| r.bindings.len()).unwrap_or(0))
+}
+
 /// The client a holding is bound to, if any (for `*.INFO`).
 pub fn bound_client(db: i32, key: &[u8], token: u64) -> Option<u64> {
     with(|r| {
@@ -122,7 +127,8 @@ pub fn client_gone(ctx: *mut Ctx, client: u64) {
     }
 }
 
-/// Drops every binding (this server is no longer a master, or was flushed).
+/// Drops every binding (this server is no longer a master, or reloads its
+/// dataset: a holding then runs out its last lease).
 pub fn clear() {
     with(|r| {
         r.bindings.clear();

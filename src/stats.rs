@@ -29,7 +29,7 @@ fn get(counter: &AtomicU64) -> i64 {
 pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
     // Redis prefixes each field with the module name: `rlock_locks`, ...
     api!(RedisModule_InfoAddSection)(ctx, std::ptr::null());
-    let fields: [(&str, i64); 11] = [
+    let fields: [(&str, i64); 12] = [
         ("locks", LOCKS.load(Ordering::Relaxed).max(0)),
         ("waiters", crate::blocking::parked() as i64),
         ("grants", get(&GRANTS)),
@@ -41,6 +41,7 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c
         ("last_token", crate::token::last() as i64),
         ("lease_schedule", crate::lease::watched() as i64),
         ("deadlocks", get(&DEADLOCKS)),
+        ("keepalive_holds", crate::keepalive::count() as i64),
     ];
     for (name, value) in fields {
         let name = std::ffi::CString::new(name).expect("static name");

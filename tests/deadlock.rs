@@ -42,6 +42,28 @@ fn two_owners_waiting_for_each_other() {
 }
 
 #[test]
+fn a_long_plain_wait_is_no_deadlock() {
+    let s = Server::start();
+    let mut c = s.client();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("rlock.deadlock-check-ms")
+        .arg("100")
+        .query(&mut c)
+        .unwrap();
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "k2", "w1"]);
+    // w1 holds k2 and waits for k; w2 waits for k2 behind nobody: chains, no cycle.
+    let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", "1500"]);
+    let w2 = spawn_call(&s, &["RLOCK.ACQUIRE", "k2", "w2", "BLOCK", "1500"]);
+    let w3 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w3", "BLOCK", "1500"]);
+    for w in [w1, w2, w3] {
+        assert_eq!(w.join().unwrap().0.unwrap(), Value::Nil);
+    }
+    assert_eq!(stat(&mut c, "deadlocks"), 0);
+}
+
+#[test]
 fn cycles_across_families_and_through_queues() {
     let s = Server::start();
     let mut c = s.client();

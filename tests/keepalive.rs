@@ -247,6 +247,24 @@ fn renewals_replicate_and_bindings_do_not() {
 }
 
 #[test]
+fn a_reload_keeps_no_binding() {
+    let s = Server::start();
+    let mut holder = s.client();
+    int(
+        &mut holder,
+        &["RLOCK.ACQUIRE", "k", "o", "PX", "800", "KEEPALIVE"],
+    );
+    assert_eq!(stat(&mut holder, "keepalive_holds"), 1);
+    let _: () = cmd("DEBUG").arg("RELOAD").query(&mut holder).unwrap();
+    assert_eq!(stat(&mut holder, "keepalive_holds"), 0);
+    assert_eq!(keepalive_of(&mut holder, "k"), None);
+    // The holding runs out its last lease although the connection is open.
+    wait_until(Duration::from_secs(3), || {
+        int(&mut holder, &["EXISTS", "k"]) == 0
+    });
+}
+
+#[test]
 fn grammar_and_scripts() {
     let s = Server::start();
     let mut c = s.client();
