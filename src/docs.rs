@@ -116,6 +116,23 @@ const BLOCK: Arg = optional(token(
     Type::Integer,
     "milliseconds to wait on the server for the lock; 0 waits forever",
 ));
+/// `[KEEPALIVE]`
+const KEEPALIVE: Arg = optional(token(
+    "KEEPALIVE",
+    "keepalive",
+    Type::PureToken,
+    "the server renews the holding while this connection is open and releases it when the connection closes",
+));
+/// `numkeys key [key ...]` of the multi-key commands.
+const NUMKEYS: Arg = arg(
+    "numkeys",
+    Type::Integer,
+    "how many keys follow (at least 1)",
+);
+const KEYS: Arg = Arg {
+    flags: MULTIPLE,
+    ..arg("key", Type::Key, "a lock key (all in one cluster slot)")
+};
 /// `READ | WRITE` (RWLOCK only)
 const MODE: Arg = arg(
     "mode",
@@ -192,7 +209,7 @@ const COMMANDS: [Command; 5] = [
         // Creates the lock, adds or extends a hold, and returns the tenure's token.
         key_flags: KEY_RW | KEY_ACCESS | KEY_UPDATE,
         tips: Some("nondeterministic_output"),
-        args: &[OWNER, LEASE, BLOCK],
+        args: &[OWNER, LEASE, BLOCK, KEEPALIVE],
     },
     Command {
         name: "release",
@@ -291,6 +308,40 @@ const DELTA: Command = Command {
     )],
 };
 
+/// The multi-key RLOCK commands (`numkeys key [key ...]` before the owner).
+const MULTI_KEY: [Command; 3] = [
+    Command {
+        name: "acquireall",
+        summary: "Acquires the reentrant locks of every listed key for an owner in one step, or none; with BLOCK waits holding nothing, reserving each key once first in its queue, and gets every key at once. Returns an array of fencing tokens (one per key, in order), or nil when not granted.",
+        complexity: Some("O(N) where N is the number of keys, plus O(log L) per key whose deadline is scheduled"),
+        arity: -4,
+        mode: false,
+        key_flags: KEY_RW | KEY_ACCESS | KEY_UPDATE,
+        tips: Some("nondeterministic_output"),
+        args: &[OWNER, LEASE, BLOCK, KEEPALIVE],
+    },
+    Command {
+        name: "releaseall",
+        summary: "Releases one hold of every listed reentrant lock by an owner, or none (NOTOWNER unless it holds every key). Returns the owner's remaining holds per key.",
+        complexity: Some("O(N) where N is the number of keys, plus O(G) for the G waiters granted"),
+        arity: -4,
+        mode: false,
+        key_flags: KEY_RW | KEY_DELETE,
+        tips: None,
+        args: &[OWNER],
+    },
+    Command {
+        name: "renewall",
+        summary: "Resets the lease of an owner's holds of every listed reentrant lock, or none (NOTOWNER unless it holds every key).",
+        complexity: Some("O(N) where N is the number of keys"),
+        arity: -4,
+        mode: false,
+        key_flags: KEY_RW | KEY_UPDATE,
+        tips: None,
+        args: &[OWNER, LEASE],
+    },
+];
+
 /// Commands only a master or the AOF may send.
 const INTERNAL: [&Command; 2] = [&SETSTATE, &DELTA];
 
@@ -300,6 +351,8 @@ struct Doc {
     complexity: String,
     arity: c_int,
     key_flags: u64,
+    /// `numkeys key [key ...]` instead of one key at argv[1].
+    numkeys: bool,
     tips: Option<&'static str>,
     /// Includes the key.
     args: Vec<Arg>,
@@ -326,6 +379,7 @@ fn family_doc(family: &Family, command: &Command) -> Doc {
         complexity,
         arity,
         key_flags: command.key_flags,
+        numkeys: false,
         tips: command.tips,
         args,
     }
@@ -343,8 +397,23 @@ fn doc_for(name: &str) -> Option<Doc> {
             complexity: c.complexity.unwrap_or_default().to_string(),
             arity: c.arity,
             key_flags: c.key_flags,
+            numkeys: false,
             tips: c.tips,
             args: [&[KEY][..], c.args].concat(),
+        });
+    }
+    if let Some(c) = MULTI_KEY
+        .iter()
+        .find(|c| prefix == "rlock" && c.name == rest)
+    {
+        return Some(Doc {
+            summary: c.summary.to_string(),
+            complexity: c.complexity.unwrap_or_default().to_string(),
+            arity: c.arity,
+            key_flags: c.key_flags,
+            numkeys: true,
+            tips: c.tips,
+            args: [&[NUMKEYS, KEYS][..], c.args].concat(),
         });
     }
     let family = FAMILIES.iter().find(|f| f.prefix == prefix)?;
@@ -444,8 +513,32 @@ fn zeroed_arg() -> raw::RedisModuleCommandArg {
     }
 }
 
-/// The one key, at argv[1]: begin search at index 1, a range of one key.
-fn key_specs(flags: u64) -> [raw::RedisModuleCommandKeySpec; 2] {
+/// Search starts at argv[1]: one key there, or (`numkeys`) the count there
+/// and that many keys right after it.
+fn key_specs(flags: u64, numkeys: bool) -> [raw::RedisModuleCommandKeySpec; 2] {
+    let (find_keys_type, fk) = if numkeys {
+        (
+            raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM,
+            raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+                keynum: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {
+                    keynumidx: 0,
+                    firstkey: 1,
+                    keystep: 1,
+                },
+            },
+        )
+    } else {
+        (
+            raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
+            raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+                range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                    lastkey: 0,
+                    keystep: 1,
+                    limit: 0,
+                },
+            },
+        )
+    };
     let key = raw::RedisModuleCommandKeySpec {
         notes: ptr::null(),
         flags,
@@ -453,14 +546,8 @@ fn key_specs(flags: u64) -> [raw::RedisModuleCommandKeySpec; 2] {
         bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
             index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
         },
-        find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
-        fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
-            range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
-                lastkey: 0,
-                keystep: 1,
-                limit: 0,
-            },
-        },
+        find_keys_type,
+        fk,
     };
     // Terminated by an entry whose begin_search_type is 0 (INVALID).
     let end = raw::RedisModuleCommandKeySpec {
@@ -517,7 +604,7 @@ unsafe fn describe_inner(ctx: *mut Ctx, name: &CStr) -> bool {
         return false;
     }
     let mut layout = Layout::default();
-    let mut specs = key_specs(doc.key_flags);
+    let mut specs = key_specs(doc.key_flags, doc.numkeys);
     let version = INFO_VERSION;
     let info = raw::RedisModuleCommandInfo {
         version: &version,
@@ -547,7 +634,7 @@ unsafe fn describe_inner(ctx: *mut Ctx, name: &CStr) -> bool {
 /// ACL categories of a command, for servers that let modules set them.
 fn acl_categories(name: &str) -> &'static CStr {
     match name.rsplit('.').next() {
-        Some("acquire") => c"write blocking slow",
+        Some("acquire") | Some("acquireall") => c"write blocking slow",
         // INFO lists every holder (and the FAIRLOCK queue): O(N), not fast.
         Some("info") => c"read slow",
         Some("setstate") | Some("delta") => c"write slow dangerous",
@@ -583,7 +670,7 @@ mod tests {
         assert_eq!(acl_categories("rlock.setstate"), c"write slow dangerous");
     }
 
-    const ALL: [&str; 17] = [
+    const ALL: [&str; 20] = [
         "rlock.acquire",
         "rlock.release",
         "rlock.renew",
@@ -601,6 +688,9 @@ mod tests {
         "rwlock.info",
         "rlock.setstate",
         "rlock.delta",
+        "rlock.acquireall",
+        "rlock.releaseall",
+        "rlock.renewall",
     ];
 
     #[test]
@@ -609,8 +699,10 @@ mod tests {
             let doc = doc_for(name).unwrap_or_else(|| panic!("{name}"));
             assert!(!doc.summary.contains('{'), "{name}: {}", doc.summary);
             assert!(!doc.complexity.contains('{'), "{name}: {}", doc.complexity);
-            assert_eq!(doc.args[0].name, "key");
+            let first = if doc.numkeys { "numkeys" } else { "key" };
+            assert_eq!(doc.args[0].name, first, "{name}");
         }
+        assert_eq!(acl_categories("rlock.acquireall"), c"write blocking slow");
         assert!(doc_for("rlock.nope").is_none());
         assert!(doc_for("other.acquire").is_none());
     }
@@ -621,11 +713,19 @@ mod tests {
             |n: &str| -> Vec<&str> { doc_for(n).unwrap().args.iter().map(|a| a.name).collect() };
         assert_eq!(
             names("rwlock.acquire"),
-            ["key", "mode", "owner", "lease", "timeout"]
+            ["key", "mode", "owner", "lease", "timeout", "keepalive"]
         );
         assert_eq!(names("rwlock.release"), ["key", "mode", "owner"]);
         assert_eq!(names("rwlock.renew"), ["key", "owner", "lease"]);
-        assert_eq!(names("rlock.acquire"), ["key", "owner", "lease", "timeout"]);
+        assert_eq!(
+            names("rlock.acquire"),
+            ["key", "owner", "lease", "timeout", "keepalive"]
+        );
+        assert_eq!(
+            names("rlock.acquireall"),
+            ["numkeys", "key", "owner", "lease", "timeout", "keepalive"]
+        );
+        assert_eq!(names("rlock.releaseall"), ["numkeys", "key", "owner"]);
         assert_eq!(doc_for("rwlock.acquire").unwrap().arity, -4);
         assert_eq!(doc_for("rwlock.release").unwrap().arity, 4);
         assert_eq!(doc_for("rwlock.renew").unwrap().arity, -3);

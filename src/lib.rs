@@ -89,11 +89,27 @@ unsafe extern "C" fn setstate_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc:
     commands::run(ctx, argv, argc, commands::setstate)
 }
 
+macro_rules! multi_key {
+    ($f:path) => {{
+        unsafe extern "C" fn h(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int) -> c_int {
+            if api!(RedisModule_IsKeysPositionRequest)(ctx) != 0 {
+                return commands::report_key_positions(ctx, argv, argc);
+            }
+            commands::run(ctx, argv, argc, $f)
+        }
+        h as Handler
+    }};
+}
+
 unsafe extern "C" fn delta_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int) -> c_int {
     commands::run(ctx, argv, argc, commands::delta)
 }
 
-/// Every command takes its one key at position 1.
+/// Every command takes its one key at position 1, except the multi-key
+/// commands (`numkeys key [key ...]`): ACL and `COMMAND GETKEYS` find their
+/// keys through the key spec set by `docs::describe`; Redis Cluster's routing
+/// (which on 7.0 and 8.2 reads only the legacy key range, here 0, 0, 0) asks
+/// the command itself (`getkeys-api`).
 fn register_commands(ctx: *mut Ctx) -> bool {
     let families = [
         family!("rlock", Kind::Reentrant),
@@ -108,24 +124,39 @@ fn register_commands(ctx: *mut Ctx) -> bool {
         ),
         ("rlock.delta", delta_handler as Handler, "write deny-oom"),
     ];
-    families
-        .iter()
-        .flatten()
-        .chain(internal.iter())
-        .all(|(name, handler, flags)| {
-            let (name, flags) = (CString::new(*name).unwrap(), CString::new(*flags).unwrap());
-            (unsafe {
-                api!(RedisModule_CreateCommand)(
-                    ctx,
-                    name.as_ptr(),
-                    Some(*handler),
-                    flags.as_ptr(),
-                    1,
-                    1,
-                    1,
-                ) == ffi::OK
-            }) && docs::describe(ctx, &name)
-        })
+    let multi_key = [
+        (
+            "rlock.acquireall",
+            multi_key!(commands::acquire_all),
+            "write deny-oom blocking getkeys-api",
+        ),
+        (
+            "rlock.releaseall",
+            multi_key!(commands::release_all),
+            "write getkeys-api",
+        ),
+        (
+            "rlock.renewall",
+            multi_key!(commands::renew_all),
+            "write getkeys-api",
+        ),
+    ];
+    let one_key = families.iter().flatten().chain(internal.iter());
+    let create = |(name, handler, flags): &(&str, Handler, &str), first_key: c_int| {
+        let (name, flags) = (CString::new(*name).unwrap(), CString::new(*flags).unwrap());
+        (unsafe {
+            api!(RedisModule_CreateCommand)(
+                ctx,
+                name.as_ptr(),
+                Some(*handler),
+                flags.as_ptr(),
+                first_key,
+                first_key,
+                first_key,
+            ) == ffi::OK
+        }) && docs::describe(ctx, &name)
+    };
+    one_key.into_iter().all(|c| create(c, 1)) && multi_key.iter().all(|c| create(c, 0))
 }
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {

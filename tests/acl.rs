@@ -167,6 +167,26 @@ fn restricted_user_gets_noperm_on_other_keys_with_every_command() {
     }
     let e = error(&mut app, &["RLOCK.SETSTATE", "other:rlock", "rlock", "0"]);
     assert!(e.starts_with("NOPERM "), "RLOCK.SETSTATE: {e}");
+    // Multi-key commands: every key is checked, wherever it is in the list.
+    for keys in [
+        ["app:a", "free"],
+        ["free", "app:a"],
+        ["other:rlock", "app:b"],
+    ] {
+        for name in ["RLOCK.ACQUIREALL", "RLOCK.RELEASEALL", "RLOCK.RENEWALL"] {
+            let argv = [name, "2", keys[0], keys[1], "o"];
+            let e = error(&mut app, &argv);
+            assert!(e.starts_with("NOPERM "), "{argv:?}: {e}");
+        }
+    }
+    let e = error(
+        &mut app,
+        &["RLOCK.ACQUIREALL", "2", "app:a", "free", "o", "BLOCK", "0"],
+    );
+    assert!(e.starts_with("NOPERM "), "{e}");
+    let all = call(&mut app, &["RLOCK.ACQUIREALL", "2", "app:a", "app:b", "o"]).unwrap();
+    assert!(matches!(all, Value::Array(_)), "{all:?}");
+    call(&mut app, &["RLOCK.RELEASEALL", "2", "app:a", "app:b", "o"]).unwrap();
     // In a script the key check applies as well.
     let e = error(
         &mut app,
@@ -191,7 +211,11 @@ fn restricted_user_gets_noperm_on_other_keys_with_every_command() {
     assert_eq!(int(&mut app, &["RLOCK.RELEASE", "app:script", "o"]), 0);
 
     assert_eq!(digest(&mut admin), before, "refused calls changed nothing");
-    assert_eq!(stat(&mut admin, "grants"), grants + 1, "only app:script");
+    assert_eq!(
+        stat(&mut admin, "grants"),
+        grants + 3,
+        "only app:a, app:b (ACQUIREALL) and app:script"
+    );
     assert_eq!(stat(&mut admin, "waiters"), 0);
     let log: Vec<Value> = cmd("ACL").arg("LOG").query(&mut admin).unwrap();
     assert!(!log.is_empty(), "refusals are in ACL LOG");

@@ -292,6 +292,24 @@ fn hash_tagged_keys_land_on_one_node() {
         assert_eq!(qint(&mut cc, &["RLOCK.RELEASE", k, "s"]), 0);
     }
     assert_eq!(int(&mut c, &["DBSIZE"]), 0);
+    // RLOCK.ACQUIREALL: one slot by hash tag, CROSSSLOT (from Redis) otherwise.
+    let (x, y) = ("{order:42}:x", "{order:42}:y");
+    let got = q(&mut cc, &["RLOCK.ACQUIREALL", "2", x, y, "m"]).unwrap();
+    assert!(
+        matches!(got, Value::Array(ref t) if t.len() == 2),
+        "{got:?}"
+    );
+    assert_eq!(int(&mut c, &["EXISTS", x, y]), 2);
+    let err = q(&mut c, &["RLOCK.ACQUIREALL", "2", x, &other, "m"]).unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::CrossSlot) || err.to_string().contains("CROSSSLOT"),
+        "{err}"
+    );
+    let err = q(&mut c, &["RLOCK.RELEASEALL", "2", &other, x, "m"]).unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::CrossSlot), "{err}");
+    let left = q(&mut cc, &["RLOCK.RELEASEALL", "2", x, y, "m"]).unwrap();
+    assert_eq!(left, Value::Array(vec![Value::Int(0), Value::Int(0)]));
+    assert_eq!(int(&mut c, &["DBSIZE"]), 0);
 }
 
 #[test]

@@ -15,14 +15,16 @@ struct Expected {
     arity: i64,
     flag: &'static str,
     key_flags: &'static [&'static str],
+    /// `numkeys key [key ...]`: a keynum key spec instead of one key at 1.
+    numkeys: bool,
 }
 
 const ACQUIRE_TYPES: &str =
-    "key:key owner:string lease:oneof(milliseconds:integer seconds:integer) timeout:integer";
-const RW_ACQUIRE_TYPES: &str = "key:key mode:oneof(read:pure-token write:pure-token) owner:string lease:oneof(milliseconds:integer seconds:integer) timeout:integer";
+    "key:key owner:string lease:oneof(milliseconds:integer seconds:integer) timeout:integer keepalive:pure-token";
+const RW_ACQUIRE_TYPES: &str = "key:key mode:oneof(read:pure-token write:pure-token) owner:string lease:oneof(milliseconds:integer seconds:integer) timeout:integer keepalive:pure-token";
 const RENEW_TYPES: &str = "key:key owner:string lease:oneof(milliseconds:integer seconds:integer)";
 
-const ACQUIRE_SYNTAX: &str = "key owner [PX milliseconds | EX seconds] [BLOCK timeout]";
+const ACQUIRE_SYNTAX: &str = "key owner [PX milliseconds | EX seconds] [BLOCK timeout] [KEEPALIVE]";
 const RENEW_SYNTAX: &str = "key owner [PX milliseconds | EX seconds]";
 
 const ACQUIRE_FLAGS: &[&str] = &["RW", "access", "update"];
@@ -42,6 +44,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: -3,
             flag: "write",
             key_flags: ACQUIRE_FLAGS,
+            numkeys: false,
         },
         Expected {
             name: name("release"),
@@ -50,6 +53,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: 3,
             flag: "write",
             key_flags: DELETE_FLAGS,
+            numkeys: false,
         },
         Expected {
             name: name("renew"),
@@ -58,6 +62,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: -3,
             flag: "write",
             key_flags: RENEW_FLAGS,
+            numkeys: false,
         },
         Expected {
             name: name("forcerelease"),
@@ -66,6 +71,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: 2,
             flag: "write",
             key_flags: DELETE_FLAGS,
+            numkeys: false,
         },
         Expected {
             name: name("info"),
@@ -74,6 +80,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: -2,
             flag: "readonly",
             key_flags: INFO_FLAGS,
+            numkeys: false,
         },
     ]
 }
@@ -82,7 +89,8 @@ fn all_commands() -> Vec<Expected> {
     let mut all: Vec<Expected> = family("rlock").into_iter().collect();
     all.extend(family("fairlock"));
     let mut rw = family("rwlock");
-    rw[0].syntax = "key <READ | WRITE> owner [PX milliseconds | EX seconds] [BLOCK timeout]";
+    rw[0].syntax =
+        "key <READ | WRITE> owner [PX milliseconds | EX seconds] [BLOCK timeout] [KEEPALIVE]";
     rw[0].types = RW_ACQUIRE_TYPES;
     rw[0].arity = -4;
     rw[1].syntax = "key <READ | WRITE> owner";
@@ -96,6 +104,7 @@ fn all_commands() -> Vec<Expected> {
         arity: -4,
         flag: "write",
         key_flags: &["OW", "update"],
+        numkeys: false,
     });
     all.push(Expected {
         name: "rlock.delta",
@@ -104,8 +113,36 @@ fn all_commands() -> Vec<Expected> {
         arity: 3,
         flag: "write",
         key_flags: &["RW", "update"],
+        numkeys: false,
     });
-    assert_eq!(all.len(), 17);
+    all.push(Expected {
+        name: "rlock.acquireall",
+        syntax: "numkeys key [key ...] owner [PX milliseconds | EX seconds] [BLOCK timeout] [KEEPALIVE]",
+        types: "numkeys:integer key:key owner:string lease:oneof(milliseconds:integer seconds:integer) timeout:integer keepalive:pure-token",
+        arity: -4,
+        flag: "write",
+        key_flags: ACQUIRE_FLAGS,
+        numkeys: true,
+    });
+    all.push(Expected {
+        name: "rlock.releaseall",
+        syntax: "numkeys key [key ...] owner",
+        types: "numkeys:integer key:key owner:string",
+        arity: -4,
+        flag: "write",
+        key_flags: DELETE_FLAGS,
+        numkeys: true,
+    });
+    all.push(Expected {
+        name: "rlock.renewall",
+        syntax: "numkeys key [key ...] owner [PX milliseconds | EX seconds]",
+        types: "numkeys:integer key:key owner:string lease:oneof(milliseconds:integer seconds:integer)",
+        arity: -4,
+        flag: "write",
+        key_flags: RENEW_FLAGS,
+        numkeys: true,
+    });
+    assert_eq!(all.len(), 20);
     all
 }
 
@@ -224,7 +261,7 @@ fn command_docs_describe_every_command() {
         assert_eq!(syntax(&args), e.syntax, "{}", e.name);
         assert_eq!(types(&args), e.types, "{}", e.name);
         // The key argument points at the command's one key spec.
-        let key = pairs(&args[0]);
+        let key = pairs(&args[usize::from(e.numkeys)]);
         assert_eq!(
             get(&key, "key_spec_index"),
             Some(Value::Int(0)),
@@ -275,11 +312,19 @@ fn command_info_shows_arity_flags_and_key_specs() {
         let flags = strings(&info[2]);
         assert!(flags.iter().any(|f| f == e.flag), "{}: {flags:?}", e.name);
         assert!(flags.iter().any(|f| f == "module"), "{}: {flags:?}", e.name);
-        // Legacy first/last/step: the one key at position 1.
+        // Legacy first/last/step: the one key at position 1 (none for
+        // multi-key commands: Redis finds their keys by the key spec).
+        let legacy = if e.numkeys { (0, 0, 0) } else { (1, 1, 1) };
         assert_eq!(
             (as_int(&info[3]), as_int(&info[4]), as_int(&info[5])),
-            (1, 1, 1),
+            legacy,
             "{}",
+            e.name
+        );
+        assert_eq!(
+            flags.iter().any(|f| f == "movablekeys"),
+            e.numkeys,
+            "{}: {flags:?}",
             e.name
         );
         let specs = list(&info[8]);
@@ -295,10 +340,16 @@ fn command_info_shows_arity_flags_and_key_specs() {
         let pos = pairs(&get(&begin, "spec").unwrap());
         assert_eq!(get(&pos, "index"), Some(Value::Int(1)), "{}", e.name);
         let find = pairs(&get(&spec, "find_keys").unwrap());
-        assert_eq!(as_string(&get(&find, "type").unwrap()), "range");
-        let range = pairs(&get(&find, "spec").unwrap());
-        assert_eq!(get(&range, "lastkey"), Some(Value::Int(0)), "{}", e.name);
-        assert_eq!(get(&range, "keystep"), Some(Value::Int(1)), "{}", e.name);
+        let found = pairs(&get(&find, "spec").unwrap());
+        if e.numkeys {
+            assert_eq!(as_string(&get(&find, "type").unwrap()), "keynum");
+            assert_eq!(get(&found, "keynumidx"), Some(Value::Int(0)), "{}", e.name);
+            assert_eq!(get(&found, "firstkey"), Some(Value::Int(1)), "{}", e.name);
+        } else {
+            assert_eq!(as_string(&get(&find, "type").unwrap()), "range");
+            assert_eq!(get(&found, "lastkey"), Some(Value::Int(0)), "{}", e.name);
+        }
+        assert_eq!(get(&found, "keystep"), Some(Value::Int(1)), "{}", e.name);
     }
     // Tips for clients: the token and the TTLs vary between calls.
     let info = list(&list(&call(&mut c, &["COMMAND", "INFO", "rlock.acquire"]).unwrap())[0]);
@@ -356,6 +407,33 @@ fn command_getkeys_names_the_key_of_every_command() {
         let keys = strings(&call(&mut c, &getkeys).unwrap());
         assert_eq!(keys, ["{t}:k"], "{args:?}");
     }
+    // Multi-key commands: every key, whatever follows.
+    for (args, keys) in [
+        (&["RLOCK.ACQUIREALL", "1", "a", "o"][..], &["a"][..]),
+        (
+            &[
+                "RLOCK.ACQUIREALL",
+                "3",
+                "a",
+                "b",
+                "c",
+                "o",
+                "PX",
+                "5",
+                "KEEPALIVE",
+            ],
+            &["a", "b", "c"],
+        ),
+        (&["RLOCK.RELEASEALL", "2", "b", "a", "o"], &["b", "a"]),
+        (
+            &["RLOCK.RENEWALL", "2", "a", "b", "o", "EX", "1"],
+            &["a", "b"],
+        ),
+    ] {
+        let mut getkeys = vec!["COMMAND", "GETKEYS"];
+        getkeys.extend_from_slice(args);
+        assert_eq!(strings(&call(&mut c, &getkeys).unwrap()), keys, "{args:?}");
+    }
     // Arity applies to GETKEYS too, as for core commands.
     let e = error(&mut c, &["COMMAND", "GETKEYS", "RLOCK.ACQUIRE", "k"]);
     assert!(e.starts_with("ERR Invalid number of arguments"), "{e}");
@@ -365,7 +443,7 @@ fn command_getkeys_names_the_key_of_every_command() {
 fn arity_errors_come_from_redis_itself() {
     let s = Server::start();
     let mut c = s.client();
-    let too_few: [&[&str]; 16] = [
+    let too_few: [&[&str]; 19] = [
         &["RLOCK.ACQUIRE", "k"],
         &["RLOCK.RELEASE", "k"],
         &["RLOCK.RENEW", "k"],
@@ -382,6 +460,9 @@ fn arity_errors_come_from_redis_itself() {
         &["RWLOCK.FORCERELEASE"],
         &["RWLOCK.INFO"],
         &["RLOCK.SETSTATE", "k", "rlock"],
+        &["RLOCK.ACQUIREALL", "1", "k"],
+        &["RLOCK.RELEASEALL", "1", "k"],
+        &["RLOCK.RENEWALL", "1"],
     ];
     // (`*.INFO key x` is not an arity error: INFO takes an optional COUNT n.)
     let too_many: [&[&str]; 6] = [

@@ -14,7 +14,7 @@ use crate::engine::{self, Action};
 use crate::ffi::{self, bytes, now_ms, Ctx, RStr, Reply};
 use crate::lock::{Kind, Mode};
 
-pub use multi::{acquire_all, release_all, renew_all};
+pub use multi::{acquire_all, release_all, renew_all, report_key_positions};
 pub use setstate::{delta, setstate};
 
 fn arity_error(argv: &[*mut RStr]) -> Reply {

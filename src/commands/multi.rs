@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use super::{args, arity_error};
 use crate::config;
 use crate::engine;
-use crate::ffi::{bytes, now_ms, Ctx, RStr, Reply};
+use std::os::raw::c_int;
+
+use crate::ffi::{self, api, bytes, now_ms, Ctx, RStr, Reply};
 use crate::min_replicas;
 
 pub const NUMKEYS_ERR: &str = "ERR numkeys must be a positive integer";
@@ -43,6 +45,20 @@ fn keys_and_owner(argv: &[*mut RStr]) -> Result<Call<'_>, Reply> {
         keys,
         owner,
         rest: &argv[3 + numkeys..],
+    })
+}
+
+/// `getkeys-api`: tells Redis where the keys of a multi-key call are (cluster
+/// routing and CROSSSLOT). A malformed call reports none and fails when run.
+pub fn report_key_positions(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int) -> c_int {
+    ffi::contained("key positions", ffi::OK, || {
+        let argv = unsafe { ffi::args(argv, argc) };
+        if let Ok(call) = keys_and_owner(argv) {
+            for i in 0..call.keys.len() {
+                unsafe { api!(RedisModule_KeyAtPos)(ctx, (i + 2) as c_int) };
+            }
+        }
+        ffi::OK
     })
 }
 
