@@ -3,6 +3,7 @@ against a real server."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -268,6 +269,14 @@ class KeepaliveTest(unittest.TestCase):
         # The object is usable again, on a new pinned connection.
         self.assertIsNotNone(lock.acquire(blocking=False))
         self.assertEqual(lock.release(), 0)
+
+    def test_dropped_keepalive_lock_object_closes_its_connection(self) -> None:
+        lock = Lock(self.r, "dropped", lease_ms=10_000, keepalive=True)
+        lock.acquire()
+        self.assertIsNotNone(keepalive_client(self.r, "dropped"))
+        del lock
+        gc.collect()
+        wait_for(lambda: self.r.exists("dropped") == 0, 1)  # not 10 s later
 
     def test_keepalive_block_wait_binds_the_parked_connection(self) -> None:
         holder = Lock(self.r, "kb")

@@ -105,6 +105,16 @@ def _pool_connection(pool: Any) -> Any:
         return pool.get_connection("_")
 
 
+def _drop_pinned(pool: Any, conn: Any, close: bool) -> None:
+    """Gives a pinned connection back to its pool, closed first when ``close``
+    (which ends every holding bound to it)."""
+    try:
+        if close:
+            conn.disconnect()
+    finally:
+        pool.release(conn)
+
+
 class _Pin:
     """The one connection a lock object's ``KEEPALIVE`` holdings are bound to.
 
@@ -118,7 +128,9 @@ class _Pin:
     object, or both views of a ReadWriteLock) through it, and gives it back to
     the pool only once none of them holds anything. If the connection fails,
     every holding bound to it is reported lost: once the server sees the
-    connection close it releases them.
+    connection close it releases them. If the lock object is garbage-collected
+    while holding, the connection is closed (the server releases at once), as
+    a renewal-thread lock's lease would run out.
     """
 
     def __init__(self, client: "redis.Redis") -> None:
@@ -127,6 +139,14 @@ class _Pin:
         self.mutex = threading.RLock()
         self.users: List["_LockBase"] = []
         self._lost: List[Tuple["_LockBase", str]] = []
+        self._finalizer: Optional[weakref.finalize] = None
+
+    def _give_back(self, close: bool = False) -> None:
+        conn, self.conn = self.conn, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        _drop_pinned(self.client.connection_pool, conn, close)
 
     @contextlib.contextmanager
     def use(self) -> Iterator[Callable[[List[Any]], Any]]:
@@ -138,8 +158,7 @@ class _Pin:
                     yield self._call
                 finally:
                     if self.conn is not None and not any(u._holds > 0 for u in self.users):
-                        conn, self.conn = self.conn, None
-                        self.client.connection_pool.release(conn)
+                        self._give_back()
         finally:
             # on_lost callbacks run outside the pin (they may release).
             lost, self._lost = self._lost, []
@@ -148,7 +167,9 @@ class _Pin:
 
     def _call(self, args: List[Any]) -> Any:
         if self.conn is None:
-            self.conn = _pool_connection(self.client.connection_pool)
+            pool = self.client.connection_pool
+            self.conn = _pool_connection(pool)
+            self._finalizer = weakref.finalize(self, _drop_pinned, pool, self.conn, True)
         conn = self.conn
         try:
             conn.send_command(*args)
@@ -158,11 +179,7 @@ class _Pin:
         except BaseException as e:
             # Broken, timed out or interrupted mid-reply: the connection is
             # unusable, and closing it ends every holding bound to it.
-            self.conn = None
-            try:
-                conn.disconnect()
-            finally:
-                self.client.connection_pool.release(conn)
+            self._give_back(close=True)
             for user in self.users:
                 if user._holds > 0:
                     user._holds = 0
