@@ -1,6 +1,14 @@
 //! How an application uses the rlock Rust client library (`clients/rust`,
-//! crate `rlock-client`): a guarded critical section with renewal, two
-//! workers served in turn by the server, the pub/sub path, and RedLock.
+//! crate `rlock-client`): a guarded critical section kept alive by the server
+//! (`KEEPALIVE`), two workers served in turn by the server, the pub/sub path
+//! with its renewal thread, a multi-key lock, and RedLock.
+//!
+//! Which renewal to use: where the holder has a connection of its own for as
+//! long as it holds (a guard of a keepalive lock keeps one), `keepalive(true)`
+//! lets the server renew the lease while that connection is open and free the
+//! lock the moment it closes. Where no connection is dedicated to the holder
+//! (the pub/sub path, multiplexed clients), the guard's renewal thread sends
+//! RENEW every lease/3.
 //!
 //! ```text
 //! cargo run --release --example rust_client -- <port> [<port> ...]
@@ -11,7 +19,7 @@
 use std::time::Duration;
 
 use redis::Client;
-use rlock_client::{Lock, RedLock};
+use rlock_client::{Lock, MultiLock, RedLock};
 
 /// Runs the demonstration against the servers on `ports` (the first one for
 /// the single-server locks, all of them for RedLock) and returns what it saw.
@@ -23,9 +31,13 @@ pub fn demo(ports: &[u16]) -> Result<Vec<String>, rlock_client::Error> {
     let client = &clients[0];
     let mut log = Vec::new();
 
-    // 1. A guard: acquired, renewed past its 300 ms lease, released on drop.
+    // 1. A guard on a connection dedicated to the holder: KEEPALIVE, the
+    //    server renews the 300 ms lease while the guard lives (no renewal
+    //    thread); released on drop.
     {
-        let lock = Lock::new(client, "demo:job").lease(Duration::from_millis(300));
+        let lock = Lock::new(client, "demo:job")
+            .lease(Duration::from_millis(300))
+            .keepalive(true);
         let guard = lock.acquire(None)?.expect("BLOCK 0 waits until granted");
         log.push(format!("acquired demo:job, token {}", guard.token()));
         std::thread::sleep(Duration::from_millis(700));
@@ -33,17 +45,24 @@ pub fn demo(ports: &[u16]) -> Result<Vec<String>, rlock_client::Error> {
         log.push(format!(
             "still held after 700 ms with a 300 ms lease: {alive}"
         ));
+        log.push(format!(
+            "renewed by the server, no renewal thread: {}",
+            !guard.is_renewing()
+        ));
     }
     let mut conn = client.get_connection()?;
     let exists: bool = redis::cmd("EXISTS").arg("demo:job").query(&mut conn)?;
     log.push(format!("released on drop: {}", !exists));
 
     // 2. Two workers, one lock: the second waits on the server and is handed
-    //    the lock when the first releases.
+    //    the lock when the first releases. Each worker's wait and holding have
+    //    a connection of their own: KEEPALIVE.
     let workers: Vec<_> = ["worker-a", "worker-b"]
         .into_iter()
         .map(|owner| {
-            let lock = Lock::new(client, "demo:shared").owner(owner);
+            let lock = Lock::new(client, "demo:shared")
+                .owner(owner)
+                .keepalive(true);
             std::thread::spawn(move || -> Result<(String, i64), rlock_client::Error> {
                 let guard = lock
                     .acquire(Some(Duration::from_secs(5)))?
@@ -59,22 +78,46 @@ pub fn demo(ports: &[u16]) -> Result<Vec<String>, rlock_client::Error> {
     }
 
     // 3. The pub/sub path: wait for a release without a parked connection.
+    //    This path dedicates no connection to the holder, so its lease is kept
+    //    by the guard's renewal thread (RENEW every lease/3), not KEEPALIVE.
     let holder = Lock::new(client, "demo:ps").acquire(None)?.expect("free");
-    let waiter = Lock::new(client, "demo:ps");
+    let waiter = Lock::new(client, "demo:ps").lease(Duration::from_millis(300));
     let handle = std::thread::spawn(move || {
-        waiter
-            .acquire_via_pubsub(Some(Duration::from_secs(5)), Duration::from_secs(1))
-            .map(|g| g.map(|g| g.token()))
+        waiter.acquire_via_pubsub(Some(Duration::from_secs(5)), Duration::from_secs(1))
     });
     std::thread::sleep(Duration::from_millis(100));
     drop(holder);
-    let token = handle.join().expect("pub/sub thread")?;
+    let guard = handle.join().expect("pub/sub thread")?;
     log.push(format!(
         "pub/sub waiter acquired after release: {}",
-        token.is_some()
+        guard.is_some()
     ));
+    if let Some(guard) = guard {
+        std::thread::sleep(Duration::from_millis(500));
+        let kept = guard.is_renewing() && guard.lock().info()?.is_some();
+        log.push(format!("pub/sub holder kept by its renewal thread: {kept}"));
+    }
 
-    // 4. RedLock over every server given (one server is a quorum of one).
+    // 4. Several keys at once, all or nothing (RLOCK.ACQUIREALL): a transfer
+    //    between two accounts (one hash tag, so one cluster slot).
+    {
+        let multi = MultiLock::new(client, ["demo:{acct}:1", "demo:{acct}:2"]).keepalive(true);
+        let guard = multi
+            .acquire(Some(Duration::from_secs(5)))?
+            .expect("both accounts free");
+        log.push(format!(
+            "multi-lock holds {} keys, one token each: {}",
+            multi.keys().len(),
+            guard.tokens().len() == multi.keys().len()
+        ));
+    }
+    let left: i64 = redis::cmd("EXISTS")
+        .arg("demo:{acct}:1")
+        .arg("demo:{acct}:2")
+        .query(&mut conn)?;
+    log.push(format!("multi-lock released every key: {}", left == 0));
+
+    // 5. RedLock over every server given (one server is a quorum of one).
     let redlock = RedLock::new(&clients, "demo:red").lease(Duration::from_secs(5));
     if let Some(guard) = redlock.acquire(Some(Duration::from_secs(2)))? {
         log.push(format!(

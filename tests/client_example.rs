@@ -18,10 +18,14 @@ fn the_example_runs_against_three_servers() {
     let text = log.join("\n");
     for expected in [
         "still held after 700 ms with a 300 ms lease: true",
+        "renewed by the server, no renewal thread: true",
         "released on drop: true",
         "worker-a held demo:shared",
         "worker-b held demo:shared",
         "pub/sub waiter acquired after release: true",
+        "pub/sub holder kept by its renewal thread: true",
+        "multi-lock holds 2 keys, one token each: true",
+        "multi-lock released every key: true",
         "redlock granted by 3 of 3 servers",
     ] {
         assert!(

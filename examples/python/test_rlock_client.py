@@ -25,9 +25,13 @@ class ExampleTest(unittest.TestCase):
             log = rlock_client.demo([s.port for s in servers])
             text = "\n".join(log)
             self.assertIn("still held after 700 ms with a 300 ms lease: True", text)
+            self.assertIn("renewed by the server, no renewal thread: True", text)
             self.assertIn("released on exit: True", text)
             self.assertIn("two workers served in turn, tokens increasing: True", text)
             self.assertIn("pub/sub waiter acquired after release: True", text)
+            self.assertIn("pub/sub holder kept by its renewal thread: True", text)
+            self.assertIn("multi-lock holds 2 keys, one token each: True", text)
+            self.assertIn("multi-lock released every key: True", text)
             self.assertIn("redlock granted by 3 of 3 servers", text)
             for s in servers:
                 self.assertEqual(s.client().dbsize(), 0, "the demo left a lock behind")

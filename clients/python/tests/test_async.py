@@ -11,8 +11,9 @@ import harness
 import redis
 import redis.asyncio
 
-from rlock import LockLost, NotAcquired
-from rlock.aio import AsyncFairLock, AsyncLock, AsyncReadWriteLock, _close
+from rlock import DeadlockError, LockLost, NotAcquired
+from rlock._common import parse_info
+from rlock.aio import AsyncFairLock, AsyncLock, AsyncMultiLock, AsyncReadWriteLock, _close
 
 SERVER: Optional[harness.Server] = None
 
@@ -176,6 +177,107 @@ class AsyncLockTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(peak, 1)
         self.assertEqual(tokens, sorted(tokens))
         self.assertEqual(len(set(tokens)), 20)
+
+
+    async def keepalive_client(self, key: str) -> Optional[int]:
+        info = parse_info(await self.r.execute_command("RLOCK.INFO", key))
+        assert info is not None, "%s is not held" % key
+        return info["keepalive"]
+
+    async def test_multi_lock_all_or_nothing(self) -> None:
+        other = AsyncLock(self.r, "m:b")
+        await other.acquire()
+        multi = AsyncMultiLock(self.r, ["m:a", "m:b"], lease_ms=300)
+        self.assertIsNone(await multi.acquire(blocking=False))
+        self.assertEqual(await self.r.exists("m:a"), 0)
+        await other.release()
+        async with multi:
+            assert multi.tokens is not None
+            self.assertEqual(len(multi.tokens), 2)
+            self.assertTrue(multi.renewing)
+            await asyncio.sleep(1.0)  # 3x the lease: RENEWALL keeps both
+            infos = await multi.info()
+            self.assertEqual([i["owner"] for i in infos if i], [multi.owner.encode()] * 2)
+        self.assertEqual(await self.r.exists("m:a", "m:b"), 0)
+        self.assertFalse(multi.renewing)
+
+    async def test_blocking_multi_lock_is_granted_when_the_last_key_frees(self) -> None:
+        a, b = AsyncLock(self.r, "w:a"), AsyncLock(self.r, "w:b")
+        await a.acquire()
+        await b.acquire()
+        multi = AsyncMultiLock(self.r, ["w:a", "w:b"])
+        task = asyncio.ensure_future(multi.acquire(timeout=5))
+
+        async def parked() -> bool:
+            return await self.waiters() == 1
+
+        await wait_for(parked)
+        await a.release()
+        await asyncio.sleep(0.2)
+        self.assertFalse(task.done(), "granted before every key was free")
+        await b.release()
+        tokens = await asyncio.wait_for(task, 5)
+        self.assertEqual(len(tokens), 2)
+        self.assertEqual(await multi.release(), [0, 0])
+
+    async def test_keepalive_outlives_3x_its_lease_without_a_renewal_task(self) -> None:
+        async def renew_calls() -> int:
+            stats = (await self.r.info("commandstats")).get("cmdstat_rlock.renew")
+            return int(stats["calls"]) if stats else 0
+
+        before = await renew_calls()
+        lock = AsyncLock(self.r, "ka", lease_ms=300, keepalive=True)
+        token = await lock.acquire()
+        self.assertFalse(lock.renewing)
+        bound = await self.keepalive_client("ka")
+        self.assertIsNotNone(bound)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            info = await lock.info()
+            self.assertIsNotNone(info, "the lease ran out despite KEEPALIVE")
+            assert info is not None
+            self.assertEqual(info["token"], token)
+            await asyncio.sleep(0.05)
+        self.assertEqual(await self.keepalive_client("ka"), bound)
+        self.assertEqual(await renew_calls(), before, "a client renewed")
+        self.assertEqual(await lock.release(), 0)
+        self.assertEqual(await self.r.exists("ka"), 0)
+        self.assertIsNone(lock._pin.conn)  # type: ignore[union-attr]
+
+    async def test_killed_keepalive_connection_is_a_lost_lock(self) -> None:
+        lock = AsyncLock(self.r, "kill", lease_ms=10_000, keepalive=True)
+        await lock.acquire()
+        await self.r.client_kill_filter(_id=await self.keepalive_client("kill"))
+
+        async def freed() -> bool:
+            return await self.r.exists("kill") == 0
+
+        await wait_for(freed, 1)
+        with self.assertRaises(LockLost):
+            await lock.release()
+        self.assertTrue(lock.lost.is_set())
+
+    async def test_deadlock_error(self) -> None:
+        await self.r.config_set("rlock.deadlock-check-ms", 100)
+        try:
+            await AsyncLock(self.r, "d:1", owner="A").acquire()
+            b2 = AsyncLock(self.r, "d:2", owner="B")
+            await b2.acquire()
+            a2 = AsyncLock(self.r, "d:2", owner="A")
+            task = asyncio.ensure_future(a2.acquire(timeout=10))
+
+            async def parked() -> bool:
+                return await self.waiters() == 1
+
+            await wait_for(parked)
+            with self.assertRaises(DeadlockError) as caught:
+                await AsyncLock(self.r, "d:1", owner="B").acquire(timeout=10)
+            self.assertEqual(caught.exception.cycle, ["B", "A", "B"])
+            await b2.release()
+            self.assertIsNotNone(await asyncio.wait_for(task, 5))
+            await a2.release()
+        finally:
+            await self.r.config_set("rlock.deadlock-check-ms", 1000)
 
 
 if __name__ == "__main__":

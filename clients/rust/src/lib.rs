@@ -28,11 +28,18 @@
 //!   the holder's lease (`PTTL`) runs out.
 //! - [`Lock::fair`] (`FAIRLOCK.*`), [`ReadWriteLock`] (`RWLOCK.*`, with
 //!   [`ReadWriteLock::read`] / [`ReadWriteLock::write`] views).
+//! - [`Lock::keepalive`]: `KEEPALIVE` — the server renews the lease while the
+//!   connection that was granted the lock stays open, and releases it when
+//!   that connection closes; no renewal thread runs.
+//! - [`MultiLock`]: several RLOCK keys, all or nothing (`RLOCK.ACQUIREALL`).
+//! - [`Error::Deadlock`]: a parked wait that closed a wait-for cycle.
 //! - [`RedLock`]: quorum over independent servers; its per-server tokens are
 //!   not one fencing token.
 
+mod multi;
 mod redlock;
 
+pub use multi::{MultiLock, MultiLockGuard};
 pub use redlock::{RedLock, RedLockGuard};
 
 use std::collections::hash_map::RandomState;
@@ -40,11 +47,11 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, Value};
+use redis::{Client, Connection, ConnectionLike, FromRedisValue, Value};
 
 /// The module's default lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -57,6 +64,14 @@ pub enum Error {
     /// The server no longer knows this owner as a holder (`NOTOWNER`): the
     /// lease ran out or the lock was forced free.
     Lost(String),
+    /// The server answered a parked wait with `DEADLOCK`: this waiter lies on
+    /// a cycle of the wait-for graph and was the latest on it to start
+    /// waiting, so it left the queue holding nothing new. Give up what this
+    /// owner holds (that breaks the cycle) and retry.
+    Deadlock {
+        /// The owners on the cycle, starting and ending with this one.
+        cycle: Vec<String>,
+    },
 }
 
 impl fmt::Display for Error {
@@ -64,6 +79,9 @@ impl fmt::Display for Error {
         match self {
             Error::Redis(e) => write!(f, "{e}"),
             Error::Lost(why) => write!(f, "lock lost: {why}"),
+            Error::Deadlock { cycle } => {
+                write!(f, "deadlock: wait-for cycle: {}", cycle.join(" -> "))
+            }
         }
     }
 }
@@ -72,17 +90,27 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Redis(e) => Some(e),
-            Error::Lost(_) => None,
+            Error::Lost(_) | Error::Deadlock { .. } => None,
         }
     }
 }
 
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Error {
-        if e.code() == Some("NOTOWNER") {
-            Error::Lost(e.to_string())
-        } else {
-            Error::Redis(e)
+        match e.code() {
+            Some("NOTOWNER") => Error::Lost(e.to_string()),
+            Some("DEADLOCK") => {
+                // "DEADLOCK wait-for cycle: a -> b -> a"
+                let detail = e.detail().unwrap_or_default();
+                let owners = detail.split_once("cycle:").map_or("", |(_, o)| o);
+                let cycle = owners
+                    .split(" -> ")
+                    .map(|o| o.trim().to_string())
+                    .filter(|o| !o.is_empty())
+                    .collect();
+                Error::Deadlock { cycle }
+            }
+            _ => Error::Redis(e),
         }
     }
 }
@@ -165,6 +193,8 @@ pub struct Lock {
     lease: Duration,
     family: Family,
     on_lost: Option<LostCallback>,
+    /// Some: KEEPALIVE, through this connection (shared by the clones).
+    pin: Option<Arc<Pin>>,
 }
 
 impl fmt::Debug for Lock {
@@ -174,6 +204,7 @@ impl fmt::Debug for Lock {
             .field("owner", &self.owner)
             .field("lease", &self.lease)
             .field("family", &self.family)
+            .field("keepalive", &self.pin.is_some())
             .finish()
     }
 }
@@ -201,13 +232,38 @@ impl Lock {
             lease: DEFAULT_LEASE,
             family,
             on_lost: None,
+            pin: None,
         }
     }
 
     /// Holds under this owner string (default: random).
     pub fn owner(mut self, owner: impl Into<String>) -> Lock {
         self.owner = owner.into();
+        if self.pin.is_some() {
+            self.pin = Some(Pin::new(&self.client)); // another holder, another connection
+        }
         self
+    }
+
+    /// `KEEPALIVE`: the server renews the lease while the connection that was
+    /// granted the lock stays open and releases the lock when it closes, so
+    /// the guards run no renewal thread.
+    ///
+    /// The lock (and its clones: the same owner) then sends its acquisitions
+    /// and releases through one connection of its own, opened for the first
+    /// acquisition and closed when its last guard is released (a second guard
+    /// of the same owner shares it: the binding belongs to the owner's tenure,
+    /// and closing the connection ends all of it). Do not mix keepalive and
+    /// plain locks of one owner on one key. Loss shows at `release`/`renew`
+    /// (`Error::Lost`); no thread watches for it. Use it where a connection may
+    /// be dedicated to the holder; keep the renewal thread otherwise.
+    pub fn keepalive(mut self, on: bool) -> Lock {
+        self.pin = on.then(|| Pin::new(&self.client));
+        self
+    }
+
+    pub fn is_keepalive(&self) -> bool {
+        self.pin.is_some()
     }
 
     /// The lease of each hold (renewed every lease/3 while a guard lives).
@@ -244,25 +300,29 @@ impl Lock {
         if let Some(block) = block {
             c.arg("BLOCK").arg(millis(block));
         }
+        if self.pin.is_some() {
+            c.arg("KEEPALIVE");
+        }
         c
     }
 
     /// One try: `Ok(None)` when the lock is busy.
     pub fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        let mut conn = self.client.get_connection()?;
-        let token: Option<i64> = self.acquire_cmd(None).query(&mut conn)?;
-        Ok(token.map(|t| self.guard(conn, t)))
+        self.acquire_with(None)
     }
 
     /// Waits on the server (`BLOCK`) until granted, or until `timeout` (None:
     /// no limit); `Ok(None)` when the time ran out. The wait occupies one
     /// connection without a read timeout: the server answers when BLOCK ends.
+    /// `Err(Error::Deadlock)` when the server found this wait on a wait-for
+    /// cycle.
     pub fn acquire(&self, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
-        let mut conn = self.client.get_connection()?;
-        // BLOCK 0 waits forever; a timeout rounds up to at least 1 ms.
-        let block = timeout.map_or(Duration::ZERO, |t| t.max(Duration::from_millis(1)));
-        let token: Option<i64> = self.acquire_cmd(Some(block)).query(&mut conn)?;
-        Ok(token.map(|t| self.guard(conn, t)))
+        self.acquire_with(Some(block_arg(timeout)))
+    }
+
+    fn acquire_with(&self, block: Option<Duration>) -> Result<Option<LockGuard>> {
+        let granted = grant::<i64>(&self.client, self.pin.as_ref(), &self.acquire_cmd(block))?;
+        Ok(granted.map(|(token, channel)| self.guard(channel, token)))
     }
 
     /// Acquires without parking a connection on the server: subscribes to the
@@ -283,9 +343,17 @@ impl Lock {
         sub.subscribe(unlock_channel(db, &self.key))?;
         let mut conn = self.client.get_connection()?;
         loop {
-            let token: Option<i64> = self.acquire_cmd(None).query(&mut conn)?;
+            let cmd = self.acquire_cmd(None);
+            let token: Option<i64> = match &self.pin {
+                Some(pin) => pin.acquire(&cmd)?,
+                None => cmd.query(&mut conn)?,
+            };
             if let Some(token) = token {
-                return Ok(Some(self.guard(conn, token)));
+                let channel = match &self.pin {
+                    Some(pin) => Channel::Pinned(pin.clone()),
+                    None => Channel::Own(conn),
+                };
+                return Ok(Some(self.guard(channel, token)));
             }
             let pttl: i64 = redis::cmd("PTTL").arg(&self.key).query(&mut conn)?;
             let mut wait = match pttl {
@@ -317,17 +385,29 @@ impl Lock {
         }
     }
 
-    fn guard(&self, conn: Connection, token: i64) -> LockGuard {
-        let lost = Arc::new(AtomicBool::new(false));
-        let renewer = Renewer::start(self.clone(), lost.clone());
+    fn guard(&self, channel: Channel, token: i64) -> LockGuard {
+        let renew = RenewSpec {
+            client: self.client.clone(),
+            cmd: self.renew_cmd(),
+            lease: self.lease,
+            name: self.key.clone(),
+            on_lost: self.on_lost.clone(),
+        };
         LockGuard {
             lock: self.clone(),
-            conn,
             token,
-            lost,
-            renewer,
-            released: false,
+            held: Held::new(channel, renew),
         }
+    }
+
+    fn release_cmd(&self) -> redis::Cmd {
+        let mut c = self.family.command("RELEASE");
+        c.arg(&self.key);
+        if let Some(mode) = self.family.mode() {
+            c.arg(mode);
+        }
+        c.arg(&self.owner);
+        c
     }
 
     fn renew_cmd(&self) -> redis::Cmd {
@@ -398,10 +478,22 @@ impl ReadWriteLock {
     /// Both views under this owner string.
     pub fn owner(self, owner: impl Into<String>) -> ReadWriteLock {
         let owner = owner.into();
+        let keepalive = self.read.pin.is_some();
         ReadWriteLock {
             read: self.read.owner(owner.clone()),
             write: self.write.owner(owner),
         }
+        .keepalive(keepalive)
+    }
+
+    /// Both views with `KEEPALIVE` (see [`Lock::keepalive`]), through one
+    /// connection: the owner's tenure has one binding, and closing the
+    /// connection when one view is released would end the other's holding.
+    pub fn keepalive(mut self, on: bool) -> ReadWriteLock {
+        let pin = on.then(|| Pin::new(&self.read.client));
+        self.read.pin = pin.clone();
+        self.write.pin = pin;
+        self
     }
 
     /// Both views with this lease.
@@ -424,6 +516,15 @@ impl ReadWriteLock {
     }
 }
 
+/// What a guard's renewal thread sends, and to whom it reports.
+pub(crate) struct RenewSpec {
+    pub(crate) client: Client,
+    pub(crate) cmd: redis::Cmd,
+    pub(crate) lease: Duration,
+    pub(crate) name: String,
+    pub(crate) on_lost: Option<LostCallback>,
+}
+
 /// The renewal thread of one guard.
 struct Renewer {
     stop: Sender<()>,
@@ -431,34 +532,34 @@ struct Renewer {
 }
 
 impl Renewer {
-    fn start(lock: Lock, lost: Arc<AtomicBool>) -> Option<Renewer> {
+    fn start(spec: RenewSpec, lost: Arc<AtomicBool>) -> Option<Renewer> {
         let (stop, stopped) = mpsc::channel::<()>();
-        let interval = (lock.lease / 3).max(Duration::from_millis(1));
+        let interval = (spec.lease / 3).max(Duration::from_millis(1));
         let thread = std::thread::Builder::new()
-            .name(format!("rlock-renew:{}", lock.key))
+            .name(format!("rlock-renew:{}", spec.name))
             .spawn(move || {
                 let mut conn: Option<Connection> = None;
-                let mut connector = Connector::new(lock.client.clone(), interval);
+                let mut connector = Connector::new(spec.client.clone(), interval);
                 let mut last_ok = Instant::now();
                 // A message or a dropped sender both mean "stop".
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                    let renewed = renew_once(&lock, &mut conn, &mut connector);
+                    let renewed = renew_once(&spec.cmd, &mut conn, &mut connector);
                     let why = match renewed {
                         Ok(()) => {
                             last_ok = Instant::now();
                             continue;
                         }
                         Err(Error::Lost(why)) => why,
-                        Err(Error::Redis(e)) => {
+                        Err(e) => {
                             conn = None; // reconnect on the next tick
-                            if last_ok.elapsed() < lock.lease {
+                            if last_ok.elapsed() < spec.lease {
                                 continue;
                             }
                             format!("no renewal reached the server for a whole lease ({e})")
                         }
                     };
                     lost.store(true, Ordering::SeqCst);
-                    if let Some(f) = &lock.on_lost {
+                    if let Some(f) = &spec.on_lost {
                         f(&why);
                     }
                     return;
@@ -535,24 +636,222 @@ fn timed_out() -> redis::RedisError {
 
 /// One RENEW on the renewal connection, opened with timeouts of at most
 /// lease/3 so that a dead server is noticed while the lease may still run.
-fn renew_once(lock: &Lock, conn: &mut Option<Connection>, connector: &mut Connector) -> Result<()> {
+fn renew_once(
+    cmd: &redis::Cmd,
+    conn: &mut Option<Connection>,
+    connector: &mut Connector,
+) -> Result<()> {
     if conn.is_none() {
         *conn = Some(connector.connect()?);
     }
     let c = conn.as_mut().expect("just connected");
-    let _: i64 = lock.renew_cmd().query(c)?;
+    let _: i64 = cmd.query(c)?;
     Ok(())
 }
 
-/// One hold of a lock. Renewed in the background while it lives; dropping it
-/// stops the renewal and releases the hold.
-pub struct LockGuard {
-    lock: Lock,
-    conn: Connection,
-    token: i64,
+/// The BLOCK argument for a wait of `timeout`: 0 waits forever, and a
+/// timeout rounds up to at least 1 ms.
+pub(crate) fn block_arg(timeout: Option<Duration>) -> Duration {
+    timeout.map_or(Duration::ZERO, |t| t.max(Duration::from_millis(1)))
+}
+
+/// The connection `KEEPALIVE` holdings are bound to, shared by the clones of
+/// a lock (one owner) and by the two views of a keepalive [`ReadWriteLock`].
+///
+/// The server renews a keepalive holding while the connection that was
+/// granted it is open and releases it when that connection closes. So every
+/// acquisition and release of the lock goes through this one connection: it
+/// is opened for the first acquisition, kept while any guard on it lives, and
+/// closed (dropped) after the release of the last one. A failed connection is
+/// dropped too: the server then ends every holding bound to it, and the
+/// guards find out at their release (`NOTOWNER`).
+pub(crate) struct Pin {
+    client: Client,
+    state: Mutex<PinState>,
+}
+
+#[derive(Default)]
+struct PinState {
+    conn: Option<Connection>,
+    guards: usize,
+}
+
+impl Pin {
+    pub(crate) fn new(client: &Client) -> Arc<Pin> {
+        Arc::new(Pin {
+            client: client.clone(),
+            state: Mutex::new(PinState::default()),
+        })
+    }
+
+    /// Runs `f` on the connection (opened if needed) with the guard count;
+    /// closes the connection when it failed or when no guard is left.
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&mut Connection, &mut usize) -> redis::RedisResult<R>,
+    ) -> redis::RedisResult<R> {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *st;
+        if st.conn.is_none() {
+            st.conn = Some(self.client.get_connection()?);
+        }
+        let conn = st.conn.as_mut().expect("just opened");
+        let r = f(conn, &mut st.guards);
+        let broken = match &r {
+            Err(e) => is_broken(e) || !conn.is_open(),
+            Ok(_) => false,
+        };
+        if broken || st.guards == 0 {
+            st.conn = None;
+        }
+        r
+    }
+
+    /// An acquisition: a grant adds a guard.
+    pub(crate) fn acquire<T: FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<Option<T>> {
+        self.with(|c, guards| {
+            let reply: Option<T> = cmd.query(c)?;
+            if reply.is_some() {
+                *guards += 1;
+            }
+            Ok(reply)
+        })
+    }
+}
+
+/// Whether an error means the connection is gone (not a server's answer).
+fn is_broken(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_unrecoverable_error()
+}
+
+/// Sends an acquisition: through the pinned connection for a keepalive lock,
+/// else through a new connection, which the guard then keeps.
+pub(crate) fn grant<T: FromRedisValue>(
+    client: &Client,
+    pin: Option<&Arc<Pin>>,
+    cmd: &redis::Cmd,
+) -> Result<Option<(T, Channel)>> {
+    Ok(match pin {
+        Some(pin) => pin.acquire(cmd)?.map(|t| (t, Channel::Pinned(pin.clone()))),
+        None => {
+            let mut conn = client.get_connection()?;
+            let reply: Option<T> = cmd.query(&mut conn)?;
+            reply.map(|t| (t, Channel::Own(conn)))
+        }
+    })
+}
+
+/// Where a guard sends its commands.
+pub(crate) enum Channel {
+    /// The connection it was granted on.
+    Own(Connection),
+    /// The lock's keepalive connection.
+    Pinned(Arc<Pin>),
+}
+
+impl Channel {
+    fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match self {
+            Channel::Own(c) => cmd.query(c),
+            Channel::Pinned(p) => p.with(|c, _| cmd.query(c)),
+        }
+    }
+
+    /// The release of this guard's hold (the last one closes a pinned connection).
+    fn release<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match self {
+            Channel::Own(c) => cmd.query(c),
+            Channel::Pinned(p) => p.with(|c, guards| {
+                *guards = guards.saturating_sub(1);
+                cmd.query(c)
+            }),
+        }
+    }
+}
+
+/// The state of one hold, shared by [`LockGuard`] and [`MultiLockGuard`]:
+/// its channel, its renewal thread (none with keepalive) and its lost flag.
+pub(crate) struct Held {
+    channel: Channel,
     lost: Arc<AtomicBool>,
     renewer: Option<Renewer>,
     released: bool,
+}
+
+impl Held {
+    pub(crate) fn new(channel: Channel, renew: RenewSpec) -> Held {
+        let lost = Arc::new(AtomicBool::new(false));
+        // With KEEPALIVE the server renews: no thread.
+        let renewer = match channel {
+            Channel::Pinned(_) => None,
+            Channel::Own(_) => Renewer::start(renew, lost.clone()),
+        };
+        Held {
+            channel,
+            lost,
+            renewer,
+            released: false,
+        }
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_renewing(&self) -> bool {
+        self.renewer
+            .as_ref()
+            .is_some_and(|r| !r.thread.is_finished())
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released
+    }
+
+    fn lost_on<T>(&self, r: redis::RedisResult<T>) -> Result<T> {
+        r.map_err(|e| {
+            let pinned = matches!(self.channel, Channel::Pinned(_));
+            let e = if pinned && is_broken(&e) {
+                // The pin dropped the connection: what was bound to it ends.
+                Error::Lost(format!(
+                    "the keepalive connection failed ({e}); the server releases \
+                     what was bound to it when it sees the connection close"
+                ))
+            } else {
+                Error::from(e)
+            };
+            if matches!(e, Error::Lost(_)) {
+                self.lost.store(true, Ordering::SeqCst);
+            }
+            e
+        })
+    }
+
+    pub(crate) fn renew(&mut self, cmd: &redis::Cmd) -> Result<()> {
+        let r: redis::RedisResult<i64> = self.channel.query(cmd);
+        self.lost_on(r).map(|_| ())
+    }
+
+    pub(crate) fn release<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Result<T> {
+        // Stop (and join) the renewer first: no RENEW can follow the RELEASE.
+        if let Some(r) = self.renewer.take() {
+            r.stop();
+        }
+        self.released = true;
+        let r = self.channel.release(cmd);
+        self.lost_on(r)
+    }
+}
+
+/// One hold of a lock. Renewed while it lives (in the background, or by the
+/// server for a keepalive lock); dropping it releases the hold.
+pub struct LockGuard {
+    lock: Lock,
+    token: i64,
+    held: Held,
 }
 
 impl fmt::Debug for LockGuard {
@@ -578,7 +877,7 @@ impl LockGuard {
     /// True once the lock was found lost (NOTOWNER, or no renewal got through
     /// for a whole lease): stop working on the protected resource.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
+        self.held.is_lost()
     }
 
     /// `Err(Error::Lost)` once the lock was found lost.
@@ -593,62 +892,30 @@ impl LockGuard {
         Ok(())
     }
 
-    /// Whether the renewal thread is running.
+    /// Whether the renewal thread is running (never for a keepalive lock:
+    /// the server renews).
     pub fn is_renewing(&self) -> bool {
-        self.renewer
-            .as_ref()
-            .is_some_and(|r| !r.thread.is_finished())
+        self.held.is_renewing()
     }
 
     /// Renews the lease now (the renewal thread does this every lease/3).
     pub fn renew(&mut self) -> Result<()> {
-        let r: redis::RedisResult<i64> = self.lock.renew_cmd().query(&mut self.conn);
-        match r {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let e = Error::from(e);
-                if matches!(e, Error::Lost(_)) {
-                    self.lost.store(true, Ordering::SeqCst);
-                }
-                Err(e)
-            }
-        }
+        self.held.renew(&self.lock.renew_cmd())
     }
 
     /// Releases the hold; returns the owner's remaining holds (0: free).
     /// `Err(Error::Lost)` when the server says the owner held nothing.
     pub fn release(mut self) -> Result<i64> {
-        self.release_now()
-    }
-
-    fn release_now(&mut self) -> Result<i64> {
-        // Stop (and join) the renewer first: no RENEW can follow the RELEASE.
-        if let Some(r) = self.renewer.take() {
-            r.stop();
-        }
-        self.released = true;
-        let mut c = self.lock.family.command("RELEASE");
-        c.arg(&self.lock.key);
-        if let Some(mode) = self.lock.family.mode() {
-            c.arg(mode);
-        }
-        let r: redis::RedisResult<i64> = c.arg(&self.lock.owner).query(&mut self.conn);
-        r.map_err(|e| {
-            let e = Error::from(e);
-            if matches!(e, Error::Lost(_)) {
-                self.lost.store(true, Ordering::SeqCst);
-            }
-            e
-        })
+        self.held.release(&self.lock.release_cmd())
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.released {
+        if !self.held.is_released() {
             // Nothing to report to from Drop: a lost lock or a dead connection
             // both mean the lease ends on the server anyway.
-            let _ = self.release_now();
+            let _ = self.held.release::<i64>(&self.lock.release_cmd());
         }
     }
 }

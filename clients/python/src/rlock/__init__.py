@@ -18,6 +18,13 @@
 * ``acquire_via_pubsub()`` (or ``use_pubsub=True``) waits without parking a
   connection: it subscribes to ``__rlock@<db>__:<key>`` and retries on each
   message and when the holder's lease runs out.
+* ``keepalive=True``: the server renews the lease while the connection that
+  was granted the lock stays open and releases it when that connection
+  closes; no renewal thread. The lock object pins that connection (out of the
+  pool) while it holds anything.
+* ``MultiLock(r, [k1, k2, ...])``: every key or none (``RLOCK.ACQUIREALL``);
+  ``tokens`` has one fencing token per key.
+* A parked wait that closes a wait-for cycle raises ``DeadlockError``.
 * ``FairLock``, ``ReadWriteLock`` (``rw.read`` / ``rw.write``), and in
   ``rlock.aio`` the same for ``redis.asyncio``.
 * ``RedLock``: quorum over independent servers; its per-server tokens are not
@@ -27,6 +34,7 @@
 from ._common import (
     DEFAULT_LEASE_MS,
     END_MESSAGES,
+    DeadlockError,
     LockError,
     LockLost,
     NotAcquired,
@@ -36,6 +44,7 @@ from ._common import (
 from ._sync import (
     FairLock,
     Lock,
+    MultiLock,
     ReadLock,
     ReadWriteLock,
     RedLock,
@@ -45,11 +54,13 @@ from ._sync import (
 
 __all__ = [
     "DEFAULT_LEASE_MS",
+    "DeadlockError",
     "END_MESSAGES",
     "FairLock",
     "Lock",
     "LockError",
     "LockLost",
+    "MultiLock",
     "NotAcquired",
     "ReadLock",
     "ReadWriteLock",

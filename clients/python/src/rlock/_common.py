@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import redis
 
 KeyT = Union[str, bytes]
 
@@ -30,6 +32,25 @@ class LockLost(LockError):
     """The server no longer knows this owner as a holder: the lease ran out
     (renewals failed) or somebody forced the lock free. Stop touching the
     protected resource; a fencing-token check there rejects late writes."""
+
+
+class DeadlockError(LockError, redis.ResponseError):
+    """The server answered a parked wait with ``DEADLOCK``: this waiter lies on a
+    cycle of the wait-for graph (it waits, directly or not, for an owner that
+    waits for it) and was the latest on it to start waiting, so it left the
+    queue. Nothing was acquired. Give up what this owner holds (that breaks the
+    cycle) and retry. ``cycle`` lists the owners, starting and ending with this
+    one. Also a ``redis.ResponseError``, for code that catches those."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        _, _, tail = message.partition("cycle:")
+        #: The owners on the cycle: ``[me, ..., me]``.
+        self.cycle: List[str] = [o.strip() for o in tail.split(" -> ")] if tail else []
+
+
+def is_deadlock(error: BaseException) -> bool:
+    return str(error).startswith("DEADLOCK")
 
 
 def default_owner() -> str:
@@ -89,7 +110,8 @@ class Family:
         self.mode = mode
 
     def acquire(
-        self, key: KeyT, owner: str, lease_ms: int, block: Optional[int]
+        self, key: KeyT, owner: str, lease_ms: int, block: Optional[int],
+        keepalive: bool = False,
     ) -> List[Any]:
         args: List[Any] = [self.prefix + ".ACQUIRE", key]
         if self.mode:
@@ -97,6 +119,8 @@ class Family:
         args += [owner, "PX", lease_ms]
         if block is not None:
             args += ["BLOCK", block]
+        if keepalive:
+            args.append("KEEPALIVE")
         return args
 
     def release(self, key: KeyT, owner: str) -> List[Any]:
@@ -111,6 +135,38 @@ class Family:
 
     def info(self, key: KeyT) -> List[Any]:
         return [self.prefix + ".INFO", key]
+
+
+def acquire_all(
+    keys: Sequence[KeyT], owner: str, lease_ms: int, block: Optional[int], keepalive: bool
+) -> List[Any]:
+    """``RLOCK.ACQUIREALL numkeys key [key ...] owner PX ms [BLOCK ms] [KEEPALIVE]``."""
+    args: List[Any] = ["RLOCK.ACQUIREALL", len(keys), *keys, owner, "PX", lease_ms]
+    if block is not None:
+        args += ["BLOCK", block]
+    if keepalive:
+        args.append("KEEPALIVE")
+    return args
+
+
+def release_all(keys: Sequence[KeyT], owner: str) -> List[Any]:
+    return ["RLOCK.RELEASEALL", len(keys), *keys, owner]
+
+
+def renew_all(keys: Sequence[KeyT], owner: str, lease_ms: int) -> List[Any]:
+    return ["RLOCK.RENEWALL", len(keys), *keys, owner, "PX", lease_ms]
+
+
+def retry_wait(pttls: Sequence[int], safety_poll: float) -> float:
+    """How long the pub/sub path waits before trying again, from the ``PTTL``
+    of each key it needs: until the first holder's lease runs out (each bounded
+    by ``safety_poll``), at once when every key was freed meanwhile."""
+    waits = []
+    for pttl in pttls:
+        if pttl == -2:
+            continue  # no lock there (free, or freed since the try)
+        waits.append(safety_poll if pttl < 0 else min(safety_poll, pttl / 1000.0 + 0.002))
+    return min(waits) if waits else 0.001
 
 
 def _text(value: Any) -> Any:

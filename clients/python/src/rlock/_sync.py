@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -9,7 +10,7 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import redis
 from redis.backoff import NoBackoff
@@ -17,19 +18,25 @@ from redis.retry import Retry
 
 from ._common import (
     DEFAULT_LEASE_MS,
+    DeadlockError,
     Family,
     KeyT,
     LockLost,
     NotAcquired,
+    acquire_all,
     block_ms,
     check_lease,
     db_of,
     default_owner,
     drift_ms,
+    is_deadlock,
     is_end_message,
     is_notowner,
     parse_info,
     quorum,
+    release_all,
+    renew_all,
+    retry_wait,
     unlock_channel,
 )
 
@@ -91,6 +98,96 @@ def _renewal_client(client: "redis.Redis", lease_ms: int) -> "redis.Redis":
     return _derived(client, ("renew", timeout), socket_timeout=timeout, socket_connect_timeout=timeout)
 
 
+def _pool_connection(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py < 5.3 wants a command name
+        return pool.get_connection("_")
+
+
+def _drop_pinned(pool: Any, conn: Any, close: bool) -> None:
+    """Gives a pinned connection back to its pool, closed first when ``close``
+    (which ends every holding bound to it)."""
+    try:
+        if close:
+            conn.disconnect()
+    finally:
+        pool.release(conn)
+
+
+class _Pin:
+    """The one connection a lock object's ``KEEPALIVE`` holdings are bound to.
+
+    The server renews a keepalive holding while the connection that was granted
+    it stays open and releases it when that connection closes, so the
+    connection must not go back to a pool (where another command could close
+    it, or it could idle out) while anything is held on it. A pin takes one
+    connection out of the pool of ``_blocking_client(client)`` (no read timeout,
+    so a BLOCK wait is not cut short; no retries, so an ACQUIRE is never sent
+    twice) when an acquisition starts, sends every command of its users (a lock
+    object, or both views of a ReadWriteLock) through it, and gives it back to
+    the pool only once none of them holds anything. If the connection fails,
+    every holding bound to it is reported lost: once the server sees the
+    connection close it releases them. If the lock object is garbage-collected
+    while holding, the connection is closed (the server releases at once), as
+    a renewal-thread lock's lease would run out.
+    """
+
+    def __init__(self, client: "redis.Redis") -> None:
+        self.client = _blocking_client(client)
+        self.conn: Any = None
+        self.mutex = threading.RLock()
+        self.users: List["_LockBase"] = []
+        self._lost: List[Tuple["_LockBase", str]] = []
+        self._finalizer: Optional[weakref.finalize] = None
+
+    def _give_back(self, close: bool = False) -> None:
+        conn, self.conn = self.conn, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        _drop_pinned(self.client.connection_pool, conn, close)
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Callable[[List[Any]], Any]]:
+        """Holds the pin for one command and what the caller records about its
+        reply; gives the connection back when no user holds anything after."""
+        try:
+            with self.mutex:
+                try:
+                    yield self._call
+                finally:
+                    if self.conn is not None and not any(u._holds > 0 for u in self.users):
+                        self._give_back()
+        finally:
+            # on_lost callbacks run outside the pin (they may release).
+            lost, self._lost = self._lost, []
+            for user, why in lost:
+                user._mark_lost(why)
+
+    def _call(self, args: List[Any]) -> Any:
+        if self.conn is None:
+            pool = self.client.connection_pool
+            self.conn = _pool_connection(pool)
+            self._finalizer = weakref.finalize(self, _drop_pinned, pool, self.conn, True)
+        conn = self.conn
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except redis.ResponseError:
+            raise
+        except BaseException as e:
+            # Broken, timed out or interrupted mid-reply: the connection is
+            # unusable, and closing it ends every holding bound to it.
+            self._give_back(close=True)
+            for user in self.users:
+                if user._holds > 0:
+                    user._holds = 0
+                    user._token = None
+                    self._lost.append((user, "its keepalive connection failed (%r)" % e))
+            raise
+
+
 class _Renewer:
     """Renews one lock object's lease every lease/3 on its own daemon thread."""
 
@@ -142,6 +239,15 @@ class _LockBase:
     Reentrant: acquiring again while held adds a hold (same token); each
     ``release()`` drops one. One object is one owner: use one object per thread
     (or task) when they must exclude each other. Thread-safe.
+
+    ``keepalive=True`` sends ``KEEPALIVE``: the server renews the lease while
+    the connection that was granted the lock stays open, and releases the lock
+    when it closes, so no renewal thread runs. The object pins one connection
+    (taken from the client's pool, or from a pool with the same settings)
+    for as long as it holds anything and sends its commands through it (see
+    _Pin). Loss is then seen by ``release()`` (NOTOWNER) or when that
+    connection fails; there is no background check. Use it when a connection
+    may be dedicated to the holder; otherwise keep the renewal thread.
     """
 
     _family: Family
@@ -157,6 +263,8 @@ class _LockBase:
         auto_renew: bool = True,
         use_pubsub: bool = False,
         on_lost: Optional[Callable[["_LockBase"], None]] = None,
+        keepalive: bool = False,
+        _pin: Optional[_Pin] = None,
     ) -> None:
         self.client = client
         self.key = key
@@ -175,6 +283,12 @@ class _LockBase:
         self._mutex = threading.RLock()
         self._lost_mutex = threading.Lock()
         self._renewer: Optional[_Renewer] = None
+        #: The server renews the lease while the pinned connection is open.
+        self.keepalive = keepalive
+        self._pin: Optional[_Pin] = None
+        if keepalive:
+            self._pin = _pin or _Pin(client)
+            self._pin.users.append(self)
 
     # -- state -------------------------------------------------------------
 
@@ -214,12 +328,26 @@ class _LockBase:
         ``timeout`` seconds pass (None: no limit) and None comes back.
         """
         block = block_ms(blocking, timeout)
+        args = self._acquire_args(block)
+        with self._channel(block) as call:
+            try:
+                reply = call(args)
+            except redis.ResponseError as e:
+                if is_deadlock(e):
+                    raise DeadlockError(str(e)) from e
+                raise
+            if reply is None:
+                return None
+            return self._granted(reply)
+
+    def _channel(self, block: Optional[int]) -> Any:
+        """A context manager giving the function one command goes through: the
+        pinned connection (keepalive), else the client (a BLOCK wait: one
+        without a read timeout)."""
+        if self._pin is not None:
+            return self._pin.use()
         client = self.client if block is None else _blocking_client(self.client)
-        args = self._family.acquire(self.key, self.owner, self.lease_ms, block)
-        reply = client.execute_command(*args)
-        if reply is None:
-            return None
-        return self._granted(int(reply))
+        return contextlib.nullcontext(lambda args: client.execute_command(*args))
 
     def acquire_via_pubsub(
         self, timeout: Optional[float] = None, safety_poll: float = 5.0
@@ -237,12 +365,13 @@ class _LockBase:
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
-            pubsub.subscribe(unlock_channel(db_of(self.client), self.key))
+            db = db_of(self.client)
+            pubsub.subscribe(*(unlock_channel(db, k) for k in self._keys()))
             while True:
                 token = self.acquire(blocking=False)
                 if token is not None:
                     return token
-                wait = self._retry_wait(self.client.pttl(self.key), safety_poll)
+                wait = retry_wait([self.client.pttl(k) for k in self._keys()], safety_poll)
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -258,34 +387,37 @@ class _LockBase:
         finally:
             pubsub.close()
 
-    @staticmethod
-    def _retry_wait(pttl: int, safety_poll: float) -> float:
-        if pttl == -2:
-            return 0.001  # freed between the try and PTTL: try again now
-        if pttl < 0:
-            return safety_poll
-        return min(safety_poll, pttl / 1000.0 + 0.002)
-
     def release(self) -> int:
         """Drops one hold; returns the holds this owner has left (0: free).
         Raises LockLost if the server says this owner holds nothing."""
-        args = self._family.release(self.key, self.owner)
+        args = self._release_args()
         notowner: Optional[redis.ResponseError] = None
-        with self._mutex:
+        broken: Optional[redis.RedisError] = None
+        left: Any = 0
+        with self._channel(None) as call, self._mutex:
+            was_held = self._holds > 0
             try:
-                left = int(self.client.execute_command(*args))
+                left = self._parse_left(call(args))
+                self._holds = self._holds_left(left)
             except redis.ResponseError as e:
                 if not is_notowner(e):
                     raise
-                notowner, left = e, 0
-            was_held = self._holds > 0
-            self._holds = left
+                notowner, self._holds = e, 0
+            except redis.RedisError as e:
+                if self._pin is None:
+                    raise
+                broken = e  # the pin dropped (and reports) every holding on it
             renewer = self._stop_if_free()
         if renewer is not None and renewer.thread is not threading.current_thread():
             renewer.thread.join()
         if notowner is not None:
             self._mark_lost(str(notowner), notify=was_held)
             raise LockLost(str(notowner)) from notowner
+        if broken is not None:
+            raise LockLost(
+                "%s %r: the keepalive connection failed (%s); the server releases "
+                "the holding when it sees the connection close"
+                % (self._family.prefix, self.key, broken)) from broken
         return left
 
     def renew(self) -> None:
@@ -300,7 +432,7 @@ class _LockBase:
             raise
 
     def _send_renew(self) -> None:
-        _renewal_client(self.client, self.lease_ms).execute_command(*self._family.renew(self.key, self.owner, self.lease_ms))
+        _renewal_client(self.client, self.lease_ms).execute_command(*self._renew_args())
 
     def info(self) -> Optional[Dict[str, Any]]:
         """``*.INFO`` as a dict with str keys (None when the key holds no lock)."""
@@ -308,12 +440,35 @@ class _LockBase:
 
     # -- internals ---------------------------------------------------------
 
-    def _granted(self, token: int) -> int:
+    def _keys(self) -> Sequence[KeyT]:
+        return (self.key,)
+
+    def _acquire_args(self, block: Optional[int]) -> List[Any]:
+        return self._family.acquire(self.key, self.owner, self.lease_ms, block, self.keepalive)
+
+    def _release_args(self) -> List[Any]:
+        return self._family.release(self.key, self.owner)
+
+    def _renew_args(self) -> List[Any]:
+        return self._family.renew(self.key, self.owner, self.lease_ms)
+
+    def _parse_grant(self, reply: Any) -> Any:
+        return int(reply)
+
+    def _parse_left(self, reply: Any) -> Any:
+        return int(reply)
+
+    def _holds_left(self, left: Any) -> int:
+        return int(left)
+
+    def _granted(self, reply: Any) -> Any:
+        token = self._parse_grant(reply)
         with self._mutex:
             self._token = token
             self._holds += 1
             self.lost.clear()
-            if self.auto_renew and not self.renewing:
+            # With KEEPALIVE the server renews: no thread.
+            if self.auto_renew and not self.keepalive and not self.renewing:
                 self._renewer = _Renewer(self)
         return token
 
@@ -411,11 +566,74 @@ class ReadWriteLock:
         owner = owner or default_owner()
         self.key = key
         self.owner = owner
+        if kwargs.get("keepalive"):
+            # One pinned connection for both views: the owner's tenure has one
+            # binding, and giving the connection back while the other view
+            # still holds would end that view's holding.
+            kwargs["_pin"] = _Pin(client)
         self.read = ReadLock(client, key, owner, **kwargs)
         self.write = WriteLock(client, key, owner, **kwargs)
 
     def info(self) -> Optional[Dict[str, Any]]:
         return self.read.info()
+
+
+class MultiLock(_LockBase):
+    """Several RLOCK keys held together, all or nothing (Redisson's MultiLock,
+    atomic on the server): ``RLOCK.ACQUIREALL`` / ``RELEASEALL`` / ``RENEWALL``.
+
+    >>> with MultiLock(r, ["{acct}:1", "{acct}:2"], lease_ms=10_000) as m:
+    ...     transfer(fence=m.tokens)
+
+    ``acquire`` returns the tuple of fencing tokens (one per key, in order) or
+    None; nothing is held unless everything is. A BLOCK wait holds nothing
+    while it waits and takes its place in each key's queue, so it is never
+    starved and cannot deadlock with another multi-key waiter. ``release()``
+    returns the owner's remaining holds per key. The keys are plain RLOCK keys
+    (a ``Lock`` with the same owner shares their tenures); in a cluster they
+    must hash to one slot (hash tags). Same options as Lock (lease, timeout,
+    renewal thread or ``keepalive``, ``use_pubsub``, ``on_lost``).
+    """
+
+    _family = Family("RLOCK")
+
+    def __init__(self, client: "redis.Redis", keys: Iterable[KeyT], owner: Optional[str] = None, **kwargs: Any) -> None:
+        keys = tuple(keys)
+        if not keys:
+            raise ValueError("MultiLock needs at least one key")
+        super().__init__(client, keys, owner, **kwargs)  # type: ignore[arg-type]
+        self.keys: Tuple[KeyT, ...] = keys
+
+    @property
+    def tokens(self) -> Optional[Tuple[int, ...]]:
+        """The fencing token of each key's tenure, in key order (None when not held)."""
+        return self._token
+
+    def info(self) -> List[Optional[Dict[str, Any]]]:  # type: ignore[override]
+        """``RLOCK.INFO`` of each key."""
+        return [parse_info(self.client.execute_command("RLOCK.INFO", k)) for k in self.keys]
+
+    def _keys(self) -> Sequence[KeyT]:
+        return self.keys
+
+    def _acquire_args(self, block: Optional[int]) -> List[Any]:
+        return acquire_all(self.keys, self.owner, self.lease_ms, block, self.keepalive)
+
+    def _release_args(self) -> List[Any]:
+        return release_all(self.keys, self.owner)
+
+    def _renew_args(self) -> List[Any]:
+        return renew_all(self.keys, self.owner, self.lease_ms)
+
+    def _parse_grant(self, reply: Any) -> Tuple[int, ...]:
+        return tuple(int(t) for t in reply)
+
+    def _parse_left(self, reply: Any) -> List[int]:
+        return [int(n) for n in reply]
+
+    def _holds_left(self, left: Any) -> int:
+        # Held together while the owner holds every key (RENEWALL needs that).
+        return min(left)
 
 
 # -- RedLock ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The same locks for ``redis.asyncio``: ``AsyncLock``, ``AsyncFairLock``,
-``AsyncReadWriteLock`` and ``AsyncRedLock``.
+``AsyncReadWriteLock``, ``AsyncMultiLock`` and ``AsyncRedLock``.
 
     from rlock.aio import AsyncLock
 
@@ -8,17 +8,23 @@
 
 Renewal runs as an asyncio task on the running loop. A BLOCK wait occupies
 one pooled connection for its duration; ``use_pubsub=True`` (or
-``acquire_via_pubsub``) waits on the unlock channel instead.
+``acquire_via_pubsub``) waits on the unlock channel instead. With
+``keepalive=True`` the server renews instead (no task) while the lock object
+keeps the connection it was granted on, taken from a pool of its own, until
+it holds nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union,
+)
 
 import redis
 import redis.asyncio
@@ -27,19 +33,25 @@ from redis.backoff import NoBackoff
 
 from ._common import (
     DEFAULT_LEASE_MS,
+    DeadlockError,
     Family,
     KeyT,
     LockLost,
     NotAcquired,
+    acquire_all,
     block_ms,
     check_lease,
     db_of,
     default_owner,
     drift_ms,
+    is_deadlock,
     is_end_message,
     is_notowner,
     parse_info,
     quorum,
+    release_all,
+    renew_all,
+    retry_wait,
 )
 from ._common import unlock_channel
 from ._sync import RedLockGrant
@@ -93,8 +105,84 @@ async def _close_own(client: ARedis) -> None:
     await client.connection_pool.disconnect()
 
 
+async def _maybe_await(result: Any) -> Any:
+    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+        return await result
+    return result
+
+
+class _AsyncPin:
+    """The connection an async lock object's KEEPALIVE holdings are bound to
+    (see the sync _Pin). Taken when an acquisition starts from a client of its
+    own (the caller's settings, no read timeout, no retries; the caller's pool
+    when it cannot be cloned) and held while any user holds anything; then
+    closed with that client (clients are tied to an event loop, so none is
+    kept)."""
+
+    def __init__(self, client: ARedis) -> None:
+        self.client = client
+        self.own: Optional[ARedis] = None
+        self.conn: Any = None
+        self.mutex = asyncio.Lock()
+        self.users: List["_AsyncLockBase"] = []
+        self._lost: List[Tuple["_AsyncLockBase", str]] = []
+
+    @contextlib.asynccontextmanager
+    async def use(self) -> AsyncIterator[Callable[[List[Any]], Awaitable[Any]]]:
+        try:
+            async with self.mutex:
+                try:
+                    yield self._call
+                finally:
+                    if self.conn is not None and not any(u._holds > 0 for u in self.users):
+                        await self._give_back()
+        finally:
+            lost, self._lost = self._lost, []
+            for user, why in lost:
+                await user._mark_lost(why)
+
+    async def _give_back(self) -> None:
+        conn, self.conn = self.conn, None
+        own, self.own = self.own, None
+        if own is not None:
+            await _maybe_await(own.connection_pool.release(conn))
+            await _close_own(own)
+        else:
+            await _maybe_await(self.client.connection_pool.release(conn))
+
+    async def _call(self, args: List[Any]) -> Any:
+        if self.conn is None:
+            self.own = _blocking_client(self.client)
+            pool = (self.own or self.client).connection_pool
+            try:
+                self.conn = await pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                self.conn = await pool.get_connection("_")
+        conn = self.conn
+        try:
+            await conn.send_command(*args)
+            return await conn.read_response()
+        except redis.ResponseError:
+            raise
+        except BaseException as e:
+            # Broken, timed out or cancelled mid-reply: closing the connection
+            # ends every holding bound to it.
+            try:
+                await conn.disconnect()
+            except Exception:
+                pass
+            for user in self.users:
+                if user._holds > 0:
+                    user._holds = 0
+                    user._token = None
+                    self._lost.append((user, "its keepalive connection failed (%r)" % e))
+            await self._give_back()
+            raise
+
+
 class _AsyncLockBase:
-    """Async twin of the sync lock objects (same arguments and meaning)."""
+    """Async twin of the sync lock objects (same arguments and meaning,
+    including ``keepalive``)."""
 
     _family: Family
 
@@ -109,6 +197,8 @@ class _AsyncLockBase:
         auto_renew: bool = True,
         use_pubsub: bool = False,
         on_lost: Optional[Callable[["_AsyncLockBase"], Union[None, Awaitable[None]]]] = None,
+        keepalive: bool = False,
+        _pin: Optional[_AsyncPin] = None,
     ) -> None:
         self.client = client
         self.key = key
@@ -123,6 +213,11 @@ class _AsyncLockBase:
         self._holds = 0
         self._mutex = asyncio.Lock()
         self._renewer: Optional["asyncio.Task[None]"] = None
+        self.keepalive = keepalive
+        self._pin: Optional[_AsyncPin] = None
+        if keepalive:
+            self._pin = _pin or _AsyncPin(client)
+            self._pin.users.append(self)
 
     @property
     def token(self) -> Optional[int]:
@@ -147,22 +242,55 @@ class _AsyncLockBase:
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[int]:
         """Token, or None when not granted (see the sync ``acquire``)."""
         block = block_ms(blocking, timeout)
-        own = None if block is None else _blocking_client(self.client)
+        args = self._acquire_args(block)
         try:
-            reply = await (own or self.client).execute_command(
-                *self._family.acquire(self.key, self.owner, self.lease_ms, block))
-        finally:
-            if own is not None:
-                await _close_own(own)
-        if reply is None:
-            return None
-        token = int(reply)
+            if self._pin is not None:
+                async with self._pin.use() as call:
+                    reply = await call(args)
+                    # Recorded inside the pin, so it is not given back.
+                    return None if reply is None else self._granted(reply)
+            own = None if block is None else _blocking_client(self.client)
+            try:
+                reply = await (own or self.client).execute_command(*args)
+            finally:
+                if own is not None:
+                    await _close_own(own)
+        except redis.ResponseError as e:
+            if is_deadlock(e):
+                raise DeadlockError(str(e)) from e
+            raise
+        return None if reply is None else self._granted(reply)
+
+    def _granted(self, reply: Any) -> Any:
+        token = self._parse_grant(reply)
         self._token = token
         self._holds += 1
         self.lost.clear()
-        if self.auto_renew and not self.renewing:
+        # With KEEPALIVE the server renews: no task.
+        if self.auto_renew and not self.keepalive and not self.renewing:
             self._renewer = asyncio.ensure_future(self._renew_loop())
         return token
+
+    def _keys(self) -> Sequence[KeyT]:
+        return (self.key,)
+
+    def _acquire_args(self, block: Optional[int]) -> List[Any]:
+        return self._family.acquire(self.key, self.owner, self.lease_ms, block, self.keepalive)
+
+    def _release_args(self) -> List[Any]:
+        return self._family.release(self.key, self.owner)
+
+    def _renew_args(self) -> List[Any]:
+        return self._family.renew(self.key, self.owner, self.lease_ms)
+
+    def _parse_grant(self, reply: Any) -> Any:
+        return int(reply)
+
+    def _parse_left(self, reply: Any) -> Any:
+        return int(reply)
+
+    def _holds_left(self, left: Any) -> int:
+        return int(left)
 
     async def acquire_via_pubsub(
         self, timeout: Optional[float] = None, safety_poll: float = 5.0
@@ -173,18 +301,13 @@ class _AsyncLockBase:
         deadline = None if timeout is None else loop.time() + timeout
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(unlock_channel(db_of(self.client), self.key))
+            db = db_of(self.client)
+            await pubsub.subscribe(*(unlock_channel(db, k) for k in self._keys()))
             while True:
                 token = await self.acquire(blocking=False)
                 if token is not None:
                     return token
-                pttl = await self.client.pttl(self.key)
-                if pttl == -2:
-                    wait = 0.001
-                elif pttl < 0:
-                    wait = safety_poll
-                else:
-                    wait = min(safety_poll, pttl / 1000.0 + 0.002)
+                wait = retry_wait([await self.client.pttl(k) for k in self._keys()], safety_poll)
                 if deadline is not None:
                     left = deadline - loop.time()
                     if left <= 0:
@@ -201,30 +324,47 @@ class _AsyncLockBase:
         finally:
             await _close(pubsub)
 
-    async def release(self) -> int:
-        async with self._mutex:
-            try:
-                left = int(await self.client.execute_command(
-                    *self._family.release(self.key, self.owner)))
-            except redis.ResponseError as e:
-                if not is_notowner(e):
-                    raise
-                was_held = self._holds > 0
-                self._holds = 0
-                await self._stop_renewer()
-                await self._mark_lost(str(e), notify=was_held)
-                raise LockLost(str(e)) from e
-            self._holds = left
-            if left == 0:
-                await self._stop_renewer()
-            return left
+    async def release(self) -> Any:
+        """Drops one hold; returns the owner's remaining holds (0: free).
+        Raises LockLost when the server says this owner holds nothing, or
+        when a keepalive lock's connection failed."""
+        if self._pin is None:
+            async with self._mutex:
+                return await self._release(self.client.execute_command)
+        try:
+            async with self._pin.use() as call, self._mutex:
+                return await self._release(lambda *args: call(list(args)))
+        except LockLost:
+            raise
+        except redis.ResponseError:
+            raise
+        except redis.RedisError as e:  # the pin dropped (and reports) the holdings
+            raise LockLost(
+                "%s %r: the keepalive connection failed (%s); the server releases "
+                "the holding when it sees the connection close"
+                % (self._family.prefix, self.key, e)) from e
+
+    async def _release(self, send: Callable[..., Awaitable[Any]]) -> Any:
+        try:
+            left = self._parse_left(await send(*self._release_args()))
+        except redis.ResponseError as e:
+            if not is_notowner(e):
+                raise
+            was_held = self._holds > 0
+            self._holds = 0
+            await self._stop_renewer()
+            await self._mark_lost(str(e), notify=was_held)
+            raise LockLost(str(e)) from e
+        self._holds = self._holds_left(left)
+        if self._holds == 0:
+            await self._stop_renewer()
+        return left
 
     async def renew(self, _via: Optional[ARedis] = None) -> None:
         """Resets the lease now (the renewal task does this every lease/3);
         raises LockLost when the server says this owner holds nothing."""
         try:
-            await (_via or self.client).execute_command(
-                *self._family.renew(self.key, self.owner, self.lease_ms))
+            await (_via or self.client).execute_command(*self._renew_args())
         except redis.ResponseError as e:
             if is_notowner(e):
                 await self._mark_lost(str(e))
@@ -331,8 +471,51 @@ class AsyncReadWriteLock:
         owner = owner or default_owner()
         self.key = key
         self.owner = owner
+        if kwargs.get("keepalive"):
+            kwargs["_pin"] = _AsyncPin(client)  # one binding for both views
         self.read = AsyncReadLock(client, key, owner, **kwargs)
         self.write = AsyncWriteLock(client, key, owner, **kwargs)
+
+
+class AsyncMultiLock(_AsyncLockBase):
+    """Several RLOCK keys held together, all or nothing (see ``rlock.MultiLock``)."""
+
+    _family = Family("RLOCK")
+
+    def __init__(self, client: ARedis, keys: Iterable[KeyT], owner: Optional[str] = None, **kwargs: Any) -> None:
+        keys = tuple(keys)
+        if not keys:
+            raise ValueError("AsyncMultiLock needs at least one key")
+        super().__init__(client, keys, owner, **kwargs)  # type: ignore[arg-type]
+        self.keys: Tuple[KeyT, ...] = keys
+
+    @property
+    def tokens(self) -> Optional[Tuple[int, ...]]:
+        return self._token
+
+    async def info(self) -> List[Optional[Dict[str, Any]]]:  # type: ignore[override]
+        return [parse_info(await self.client.execute_command("RLOCK.INFO", k)) for k in self.keys]
+
+    def _keys(self) -> Sequence[KeyT]:
+        return self.keys
+
+    def _acquire_args(self, block: Optional[int]) -> List[Any]:
+        return acquire_all(self.keys, self.owner, self.lease_ms, block, self.keepalive)
+
+    def _release_args(self) -> List[Any]:
+        return release_all(self.keys, self.owner)
+
+    def _renew_args(self) -> List[Any]:
+        return renew_all(self.keys, self.owner, self.lease_ms)
+
+    def _parse_grant(self, reply: Any) -> Tuple[int, ...]:
+        return tuple(int(t) for t in reply)
+
+    def _parse_left(self, reply: Any) -> List[int]:
+        return [int(n) for n in reply]
+
+    def _holds_left(self, left: Any) -> int:
+        return min(left)
 
 
 def _redlock_client(server: Union[ARedis, str], timeout: float) -> ARedis:
