@@ -17,6 +17,7 @@ pub static LEASE_EXPIRATIONS: AtomicU64 = AtomicU64::new(0);
 pub static FORCED_RELEASES: AtomicU64 = AtomicU64::new(0);
 pub static TOKENS_ISSUED: AtomicU64 = AtomicU64::new(0);
 pub static DEADLOCKS: AtomicU64 = AtomicU64::new(0);
+pub static KEEPALIVE_RENEWALS: AtomicU64 = AtomicU64::new(0);
 
 pub fn bump(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -29,7 +30,7 @@ fn get(counter: &AtomicU64) -> i64 {
 pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
     // Redis prefixes each field with the module name: `rlock_locks`, ...
     api!(RedisModule_InfoAddSection)(ctx, std::ptr::null());
-    let fields: [(&str, i64); 12] = [
+    let fields: [(&str, i64); 13] = [
         ("locks", LOCKS.load(Ordering::Relaxed).max(0)),
         ("waiters", crate::blocking::parked() as i64),
         ("grants", get(&GRANTS)),
@@ -42,6 +43,7 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c
         ("lease_schedule", crate::lease::watched() as i64),
         ("deadlocks", get(&DEADLOCKS)),
         ("keepalive_holds", crate::keepalive::count() as i64),
+        ("keepalive_renewals", get(&KEEPALIVE_RENEWALS)),
     ];
     for (name, value) in fields {
         let name = std::ffi::CString::new(name).expect("static name");

@@ -485,7 +485,11 @@ pub fn keep_alive(ctx: *mut Ctx, db: i32, key: &[u8], token: u64, lease_ms: i64)
     }
     let keyname = OwnedStr::new(key);
     let action = Action::KeepAlive { token, lease_ms };
-    matches!(execute(ctx, keyname.ptr(), None, action), Reply::Int(1))
+    let renewed = matches!(execute(ctx, keyname.ptr(), None, action), Reply::Int(1));
+    if renewed {
+        stats::bump(&stats::KEEPALIVE_RENEWALS, 1);
+    }
+    renewed
 }
 
 /// The connection the tenure `token` on (db, key) was bound to closed.
