@@ -33,7 +33,7 @@ pub struct ClientStats {
 }
 
 impl ClientStats {
-    fn merge(&mut self, o: ClientStats) {
+    pub fn merge(&mut self, o: ClientStats) {
         self.acquisitions += o.acquisitions;
         self.commands += o.commands;
         self.failed_attempts += o.failed_attempts;
@@ -182,15 +182,34 @@ impl RedissonClient {
         lease_ms: u64,
         give_up: Instant,
     ) -> Result<(), String> {
+        if self.try_lock(s, key, who, lease_ms, give_up)? {
+            Ok(())
+        } else {
+            Err(format!("{}: not granted in time", self.lock.label()))
+        }
+    }
+
+    /// Redisson's tryLock(waitTime): the same protocol, giving up (false) once
+    /// `give_up` has passed.
+    pub fn try_lock(
+        &mut self,
+        s: &Scripts,
+        key: &str,
+        who: &str,
+        lease_ms: u64,
+        give_up: Instant,
+    ) -> Result<bool, String> {
         if self.try_acquire(s, key, who, lease_ms)?.is_none() {
-            return Ok(());
+            return Ok(true);
         }
         let channel = self.lock.channel(key, who);
         self.subscribe(&channel)?;
+        let mut granted = true;
         while let Some(ttl) = self.try_acquire(s, key, who, lease_ms)? {
             let now = Instant::now();
             if now > give_up {
-                return Err(format!("{}: not granted in time", self.lock.label()));
+                granted = false;
+                break;
             }
             // latch.tryAcquire(ttl) when ttl >= 0, else latch.acquire().
             let wait = if ttl >= 0 {
@@ -210,7 +229,7 @@ impl RedissonClient {
         q!(self.p; "UNSUBSCRIBE", channel);
         self.p.flush().map_err(|e| e.to_string())?;
         self.pending_unsubscribe = Some(channel);
-        Ok(())
+        Ok(granted)
     }
 
     pub fn release(&mut self, s: &Scripts, key: &str, who: &str) -> Result<(), String> {

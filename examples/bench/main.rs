@@ -29,7 +29,9 @@
 
 mod contention;
 mod expiry;
+mod keepalive;
 mod locks;
+mod multilock;
 mod persist;
 mod readers;
 mod report;
@@ -71,6 +73,12 @@ pub struct Cfg {
     pub storm_waiters: usize,
     /// (g) locks (and SET PX keys) saved, rewritten, reloaded, flushed.
     pub persist_locks: usize,
+    /// (m) client counts of the multi-key lock runs.
+    pub multilock_ks: Vec<usize>,
+    /// (k) KEEPALIVE holdings, their lease, and the measured window.
+    pub keepalive_holdings: usize,
+    pub keepalive_lease_ms: u64,
+    pub keepalive_secs: f64,
 }
 
 impl Cfg {
@@ -98,6 +106,10 @@ impl Cfg {
                 storm_leases: 100_000,
                 storm_waiters: 200,
                 persist_locks: 100_000,
+                multilock_ks: vec![4, 16],
+                keepalive_holdings: 20_000,
+                keepalive_lease_ms: 6_000,
+                keepalive_secs: 4.0,
             }
         } else {
             Cfg {
@@ -122,6 +134,10 @@ impl Cfg {
                 storm_leases: 500_000,
                 storm_waiters: 1_000,
                 persist_locks: 1_000_000,
+                multilock_ks: vec![4, 16],
+                keepalive_holdings: 100_000,
+                keepalive_lease_ms: 30_000,
+                keepalive_secs: 12.0,
             }
         }
     }
@@ -231,6 +247,8 @@ pub struct Results {
     pub admit_wanted: Vec<usize>,
     pub storms: Vec<storm::Storm>,
     pub persist: Vec<persist::Persist>,
+    pub multilock: Vec<multilock::MultiResult>,
+    pub keepalive: Vec<keepalive::KeepAlive>,
     pub runtime_s: f64,
     pub load_before: String,
     pub load_after: String,
@@ -497,6 +515,47 @@ fn main() {
                 x.flush_stall.worst_ms
             ));
             r.persist.push(x);
+        }
+    }
+
+    if run_any(&["m", "multilock"]) {
+        progress("(m) multi-key locks: K clients, random pairs of 8 keys");
+        for &k in &env.cfg.multilock_ks {
+            for native in [true, false] {
+                let m = multilock::run(&env, native, k);
+                progress(&format!(
+                    "  K={k:<3} {:<28} {:>8.0} acq/s  p50 {:>7.0} us  p99 {:>8.0} us  {:.2} cmds/acq",
+                    m.label(),
+                    m.rate(),
+                    m.percentile_us(50.0),
+                    m.percentile_us(99.0),
+                    m.commands_per_acquisition()
+                ));
+                r.multilock.push(m);
+            }
+        }
+    }
+
+    if run_any(&["k", "keepalive"]) {
+        progress(&format!(
+            "(k) KEEPALIVE: {} holdings, lease {} ms, a replica attached",
+            env.cfg.keepalive_holdings, env.cfg.keepalive_lease_ms
+        ));
+        for renewal in [
+            keepalive::Renewal::None,
+            keepalive::Renewal::Server,
+            keepalive::Renewal::Client,
+        ] {
+            let x = keepalive::run(&env, renewal);
+            progress(&format!(
+                "  {:<34} CPU {:.2}% of a core, {:.0} renewals/s (expected {:.0}), {:.0} replication B/s",
+                x.label(),
+                x.cpu_pct,
+                x.renewals_per_s,
+                x.expected_per_s(),
+                x.repl_bytes_per_s
+            ));
+            r.keepalive.push(x);
         }
     }
 

@@ -9,9 +9,11 @@ use crate::locks::{Family, Impl, Lock};
 use crate::{Env, Results, FLOOR, NATIVE, PLAIN_FLOOR};
 
 mod production;
+mod second_wave;
 use production::{
     persist_targets, readers_targets, render_persist, render_readers, render_storm, storm_targets,
 };
+use second_wave::{keepalive_targets, multilock_targets, render_second_wave};
 
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -433,6 +435,8 @@ fn targets(r: &Results) -> Vec<Target> {
     t.extend(readers_targets(r));
     t.extend(storm_targets(r));
     t.extend(persist_targets(r));
+    t.extend(multilock_targets(r));
+    t.extend(keepalive_targets(r));
     t.push(Target {
         id: "runtime",
         what: "Benchmark run time (this program, after the build)".into(),
@@ -879,6 +883,7 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
     render_readers(w, r);
     render_storm(w, r);
     render_persist(w, r);
+    render_second_wave(w, r);
 
     let missed: Vec<&Target> = ts.iter().filter(|t| t.status == Status::Missed).collect();
     if !missed.is_empty() {

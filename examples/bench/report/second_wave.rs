@@ -1,0 +1,172 @@
+//! The second-wave sections: (m) multi-key locks, (k) KEEPALIVE.
+
+use std::fmt::Write as _;
+
+use super::{f2, not_run, num, status, Target};
+use crate::keepalive::Renewal;
+use crate::Results;
+
+pub fn multilock_targets(r: &Results) -> Vec<Target> {
+    let at = |native: bool| r.multilock.iter().find(|m| m.native == native && m.k == 16);
+    match (at(true), at(false)) {
+        (Some(n), Some(l)) => {
+            let x = n.rate() / l.rate();
+            vec![
+                Target {
+                    id: "multilock-rate",
+                    what: "K = 16, random pairs of 8 keys: ACQUIREALL acquisitions/s vs Redisson's MultiLock".into(),
+                    measured: format!("{} vs {} /s = {x:.2}x", num(n.rate()), num(l.rate())),
+                    required: "≥ 5x",
+                    status: status(x >= 5.0),
+                },
+                Target {
+                    id: "multilock-commands",
+                    what: "K = 16: ACQUIREALL commands per acquisition".into(),
+                    measured: format!(
+                        "{} commands / {} acquisitions = {:.4}",
+                        n.stats.commands,
+                        n.stats.acquisitions,
+                        n.commands_per_acquisition()
+                    ),
+                    required: "exactly 2",
+                    status: status(n.stats.commands == 2 * n.stats.acquisitions),
+                },
+            ]
+        }
+        _ => vec![not_run(
+            "multilock-rate",
+            "K = 16: ACQUIREALL acquisitions/s vs Redisson's MultiLock",
+            "≥ 5x",
+        )],
+    }
+}
+
+pub fn keepalive_targets(r: &Results) -> Vec<Target> {
+    let row = |k: Renewal| r.keepalive.iter().find(|x| x.renewal == k);
+    let (Some(floor), Some(ka), Some(client)) = (
+        row(Renewal::None),
+        row(Renewal::Server),
+        row(Renewal::Client),
+    ) else {
+        return vec![not_run(
+            "keepalive-cpu",
+            "KEEPALIVE holdings: server CPU apart from the renewals",
+            "< 2% of a core",
+        )];
+    };
+    // CPU per renewal: what each row costs above the floor, per renewal.
+    let per_renewal = |x: &crate::keepalive::KeepAlive| {
+        (x.cpu_pct - floor.cpu_pct).max(0.0) / 100.0 / x.renewals_per_s * 1e6
+    };
+    let (ka_us, client_us) = (per_renewal(ka), per_renewal(client));
+    let rate = ka.renewals_per_s / ka.expected_per_s();
+    vec![
+        Target {
+            id: "keepalive-cpu",
+            what: format!(
+                "{} holdings (no KEEPALIVE work): server CPU when idle",
+                num(floor.holdings as f64)
+            ),
+            measured: format!(
+                "{}% of a core; with KEEPALIVE {}% (renewals included)",
+                f2(floor.cpu_pct),
+                f2(ka.cpu_pct)
+            ),
+            required: "< 2% of a core apart from the renewals",
+            status: status(floor.cpu_pct < 2.0),
+        },
+        Target {
+            id: "keepalive-rate",
+            what: "KEEPALIVE renewals per second vs 3 × holdings / lease".into(),
+            measured: format!(
+                "{} /s vs {} /s expected = {rate:.2}x",
+                num(ka.renewals_per_s),
+                num(ka.expected_per_s())
+            ),
+            required: "0.9x – 1.1x",
+            status: status((0.9..=1.1).contains(&rate)),
+        },
+        Target {
+            id: "keepalive-cost",
+            what: "Server CPU per KEEPALIVE renewal vs per client RLOCK.RENEW".into(),
+            measured: format!(
+                "{} µs vs {} µs = {:.2}x",
+                f2(ka_us),
+                f2(client_us),
+                ka_us / client_us
+            ),
+            required: "≤ 1x",
+            status: status(ka_us <= client_us),
+        },
+    ]
+}
+
+pub fn render_second_wave(w: &mut String, r: &Results) {
+    if !r.multilock.is_empty() {
+        let _ = writeln!(w, "\n## (m) Multi-key locks\n");
+        let _ = writeln!(
+            w,
+            "K clients (one thread each) each lock a random pair of 8 keys (a transfer between \
+             accounts: from → to, so two clients often want the same keys in opposite orders), \
+             release at once, and go again, for the same time as (b). Native: \
+             `RLOCK.ACQUIREALL 2 from to owner PX 30000 BLOCK 10000`, then `RLOCK.RELEASEALL`. \
+             Redisson: RedissonMultiLock's `lock()`: attempts of `tryLock(waitTime = 1500 ms per \
+             lock)`, each taking the locks in order with `RLock.tryLock(remaining time)` (the \
+             Lua acquire, SUBSCRIBE, wait for the unlock message or the pttl); a lock not \
+             granted in time makes it unlock the ones it holds and start over. Latency: from \
+             the first command to holding both keys. After each run every key must be free.\n"
+        );
+        let _ = writeln!(
+            w,
+            "| K | protocol | acquisitions/s | p50 µs | p99 µs | commands/acq | server CPU µs/acq |\n|---|---|---|---|---|---|---|"
+        );
+        for m in &r.multilock {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {:.3} | {:.1} |",
+                m.k,
+                m.label(),
+                num(m.rate()),
+                num(m.percentile_us(50.0)),
+                num(m.percentile_us(99.0)),
+                m.commands_per_acquisition(),
+                m.server_cpu_us_per_acquisition()
+            );
+        }
+    }
+    if !r.keepalive.is_empty() {
+        let _ = writeln!(w, "\n## (k) KEEPALIVE\n");
+        let _ = writeln!(
+            w,
+            "N holdings acquired over 8 connections that stay open, a replica attached. \
+             KEEPALIVE: the server renews each holding every third of its lease. Client RENEW: \
+             the same holdings acquired without KEEPALIVE, renewed by one client with \
+             `RLOCK.RENEW` in batches every 100 ms at the rate KEEPALIVE renews. Floor: the \
+             same holdings with a 1 h lease and nobody renewing. CPU: the master process, over \
+             the window, after one full renewal cycle. Renewals/s: `rlock_keepalive_renewals` \
+             (KEEPALIVE) or RENEWs sent (client). Replication: growth of `master_repl_offset`.\n"
+        );
+        let _ = writeln!(
+            w,
+            "| holdings | renewal | lease ms | window s | CPU % of a core | renewals/s | expected /s | replication B/s |\n|---|---|---|---|---|---|---|---|"
+        );
+        for x in &r.keepalive {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {} |",
+                num(x.holdings as f64),
+                x.label(),
+                x.lease_ms,
+                x.secs,
+                f2(x.cpu_pct),
+                num(x.renewals_per_s),
+                if x.renewal == Renewal::None {
+                    "0".into()
+                } else {
+                    num(x.expected_per_s())
+                },
+                num(x.repl_bytes_per_s)
+            );
+        }
+    }
+}
