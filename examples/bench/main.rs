@@ -75,7 +75,8 @@ pub struct Cfg {
     pub persist_locks: usize,
     /// (m) client counts of the multi-key lock runs.
     pub multilock_ks: Vec<usize>,
-    /// (k) KEEPALIVE holdings, their lease, and the measured window.
+    /// (k) KEEPALIVE holdings, their lease, and the measured window: a whole
+    /// number of renewal periods (lease / 3), as renewals come in bursts.
     pub keepalive_holdings: usize,
     pub keepalive_lease_ms: u64,
     pub keepalive_secs: f64,
@@ -137,7 +138,7 @@ impl Cfg {
                 multilock_ks: vec![4, 16],
                 keepalive_holdings: 100_000,
                 keepalive_lease_ms: 30_000,
-                keepalive_secs: 12.0,
+                keepalive_secs: 20.0,
             }
         }
     }
