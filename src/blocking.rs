@@ -338,13 +338,16 @@ pub struct QueuedKey {
     pub waiters: Vec<(u64, Vec<u8>)>,
 }
 
-/// Every queue's waiters in order.
+/// Every lock queue's waiters in order (semaphores' queues are left out).
 pub fn queued_waiters() -> Vec<QueuedKey> {
     with(|r| {
         r.queues
             .iter()
             .flat_map(|(db, qs)| {
-                qs.iter().map(move |(key, q)| QueuedKey {
+                // A semaphore's waiter needs only some holders to return
+                // permits: no wait-for edge says it waits for one of them.
+                let locks = qs.iter().filter(|(_, q)| q.kind() != Kind::Semaphore);
+                locks.map(move |(key, q)| QueuedKey {
                     db: *db,
                     key: key.clone(),
                     waiters: q.waiters().map(|w| (w.id, w.owner.clone())).collect(),

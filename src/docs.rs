@@ -2,9 +2,10 @@
 //! arity, key specs and the argument tree of every command, set with
 //! `RedisModule_SetCommandInfo` right after the command is created.
 //!
-//! The three families share one description (`COMMANDS`); a `Family` fills in
+//! The four families share one description (`COMMANDS`); a `Family` fills in
 //! what differs (name prefix, what kind of lock it is, the READ|WRITE word of
-//! RWLOCK, costs). `RLOCK.SETSTATE` has its own entry.
+//! RWLOCK, costs, SEMAPHORE's own ACQUIRE and RELEASE arguments).
+//! `RLOCK.SETSTATE` has its own entry.
 //!
 //! ABI notes (checked against Redis 7.0.15's module.c and redismodule.h):
 //! - `RedisModule_CurrentCommandInfoVersion` is a `static const` in the C
@@ -143,6 +144,30 @@ const MODE: Arg = arg(
     "READ (shared) or WRITE (exclusive)",
 );
 
+/// `LIMIT n` (SEMAPHORE.ACQUIRE)
+const LIMIT: Arg = token(
+    "LIMIT",
+    "limit",
+    Type::Integer,
+    "at most this many permits held at once; the latest ACQUIRE's limit is in force",
+);
+/// `[PERMITS k]` (SEMAPHORE.ACQUIRE and RELEASE)
+const PERMITS: Arg = optional(token(
+    "PERMITS",
+    "permits",
+    Type::Integer,
+    "how many permits (default 1)",
+));
+
+/// A family's own form of one of the shared commands.
+struct Override {
+    name: &'static str,
+    summary: &'static str,
+    arity: c_int,
+    /// The arguments after the key.
+    args: &'static [Arg],
+}
+
 /// What differs between the lock families.
 struct Family {
     prefix: &'static str,
@@ -153,15 +178,17 @@ struct Family {
     /// Fills `{H}` in complexities: the cost of touching the lock's holders.
     holders_cost: &'static str,
     info_cost: &'static str,
+    overrides: &'static [Override],
 }
 
-const FAMILIES: [Family; 3] = [
+const FAMILIES: [Family; 4] = [
     Family {
         prefix: "rlock",
         lock: "reentrant lock",
         has_mode: false,
         holders_cost: "O(1)",
         info_cost: "O(1)",
+        overrides: &[],
     },
     Family {
         prefix: "fairlock",
@@ -169,6 +196,7 @@ const FAMILIES: [Family; 3] = [
         has_mode: false,
         holders_cost: "O(1)",
         info_cost: "O(W) where W is the number of queued waiters listed (all, or at most COUNT)",
+        overrides: &[],
     },
     Family {
         prefix: "rwlock",
@@ -176,6 +204,28 @@ const FAMILIES: [Family; 3] = [
         has_mode: true,
         holders_cost: "O(log H) where H is the number of owners holding the lock",
         info_cost: "O(H) where H is the number of owners holding the lock (counted; at most COUNT of them listed)",
+        overrides: &[],
+    },
+    Family {
+        prefix: "semaphore",
+        lock: "semaphore",
+        has_mode: false,
+        holders_cost: "O(log H) where H is the number of owners holding permits",
+        info_cost: "O(H) where H is the number of owners holding permits (counted; at most COUNT of them listed)",
+        overrides: &[
+            Override {
+                name: "acquire",
+                summary: "Acquires permits of a semaphore for an owner (more, keeping its token, if it already holds some), or waits for them on the server with BLOCK. Returns a fencing token, or nil when not granted.",
+                arity: -3,
+                args: &[OWNER, LIMIT, PERMITS, LEASE, BLOCK, KEEPALIVE],
+            },
+            Override {
+                name: "release",
+                summary: "Returns permits of a semaphore held by an owner; freed permits go to as many waiters from the head of the queue as they fit. Returns the owner's remaining permits.",
+                arity: -3,
+                args: &[OWNER, PERMITS],
+            },
+        ],
     },
 ];
 
@@ -374,8 +424,17 @@ fn family_doc(family: &Family, command: &Command) -> Doc {
         Some(c) => c.replace("{H}", family.holders_cost),
         None => family.info_cost.to_string(),
     };
+    let own = family.overrides.iter().find(|o| o.name == command.name);
+    let (summary, arity) = match own {
+        Some(o) => {
+            args.truncate(1);
+            args.extend_from_slice(o.args);
+            (o.summary.to_string(), o.arity)
+        }
+        None => (command.summary.replace("{lock}", family.lock), arity),
+    };
     Doc {
-        summary: command.summary.replace("{lock}", family.lock),
+        summary,
         complexity,
         arity,
         key_flags: command.key_flags,
@@ -670,7 +729,7 @@ mod tests {
         assert_eq!(acl_categories("rlock.setstate"), c"write slow dangerous");
     }
 
-    const ALL: [&str; 20] = [
+    const ALL: [&str; 25] = [
         "rlock.acquire",
         "rlock.release",
         "rlock.renew",
@@ -691,6 +750,11 @@ mod tests {
         "rlock.acquireall",
         "rlock.releaseall",
         "rlock.renewall",
+        "semaphore.acquire",
+        "semaphore.release",
+        "semaphore.renew",
+        "semaphore.forcerelease",
+        "semaphore.info",
     ];
 
     #[test]
@@ -730,6 +794,20 @@ mod tests {
         assert_eq!(doc_for("rwlock.release").unwrap().arity, 4);
         assert_eq!(doc_for("rwlock.renew").unwrap().arity, -3);
         assert_eq!(doc_for("fairlock.release").unwrap().arity, 3);
+        assert_eq!(
+            names("semaphore.acquire"),
+            [
+                "key",
+                "owner",
+                "limit",
+                "permits",
+                "lease",
+                "timeout",
+                "keepalive"
+            ]
+        );
+        assert_eq!(names("semaphore.release"), ["key", "owner", "permits"]);
+        assert_eq!(names("semaphore.renew"), ["key", "owner", "lease"]);
     }
 
     #[test]

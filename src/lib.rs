@@ -115,6 +115,7 @@ fn register_commands(ctx: *mut Ctx) -> bool {
         family!("rlock", Kind::Reentrant),
         family!("fairlock", Kind::Fair),
         family!("rwlock", Kind::ReadWrite),
+        family!("semaphore", Kind::Semaphore),
     ];
     let internal = [
         (

@@ -49,6 +49,10 @@ fn event_name(kind: Kind, event: Event) -> &'static CStr {
         (Kind::ReadWrite, Event::End(Released)) => c"rwlock.release",
         (Kind::ReadWrite, Event::End(Expired)) => c"rwlock.expire",
         (Kind::ReadWrite, Event::End(Forced)) => c"rwlock.force",
+        (Kind::Semaphore, Event::Acquire) => c"semaphore.acquire",
+        (Kind::Semaphore, Event::End(Released)) => c"semaphore.release",
+        (Kind::Semaphore, Event::End(Expired)) => c"semaphore.expire",
+        (Kind::Semaphore, Event::End(Forced)) => c"semaphore.force",
     }
 }
 

@@ -105,7 +105,7 @@ pub fn parse_setstate(args: &[&[u8]], max_token: u64) -> Result<LockState, &'sta
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     let v = &*(value as *const LockValue);
     let s = &v.state;
-    let bytes = encoding::encode(s.kind(), s.holder_count(), s.iter());
+    let bytes = encoding::encode(s.kind(), s.limit(), s.holder_count(), s.iter());
     api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len());
 }
 
@@ -128,16 +128,16 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
 }
 
 unsafe fn load_state(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Result<LockState, String> {
-    let (kind, holders) = match encver {
+    let (kind, limit, holders) = match encver {
         ENCODING_VERSION => load_compact(rdb)?,
         FIELDS_VERSION => load_fields(rdb)?,
         _ => return Err(format!("unknown encoding version {encver}")),
     };
-    LockState::from_holders(kind, holders, crate::token::max_accepted(now_ms()))
+    LockState::from_parts(kind, limit, holders, crate::token::max_accepted(now_ms()))
         .map_err(|e| e.trim_start_matches("ERR ").to_string())
 }
 
-unsafe fn load_compact(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder>), String> {
+unsafe fn load_compact(rdb: *mut raw::RedisModuleIO) -> Result<encoding::Decoded, String> {
     let mut len = 0usize;
     let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
     if buf.is_null() || api!(RedisModule_IsIOError)(rdb) != 0 {
@@ -148,7 +148,8 @@ unsafe fn load_compact(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder
     decoded.ok_or_else(|| "malformed lock encoding".to_string())
 }
 
-unsafe fn load_fields(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder>), String> {
+/// Version 1 predates semaphores: locks only (limit 0).
+unsafe fn load_fields(rdb: *mut raw::RedisModuleIO) -> Result<encoding::Decoded, String> {
     let failed = || api!(RedisModule_IsIOError)(rdb) != 0;
     let code = api!(RedisModule_LoadUnsigned)(rdb);
     let count = api!(RedisModule_LoadUnsigned)(rdb);
@@ -185,12 +186,13 @@ unsafe fn load_fields(rdb: *mut raw::RedisModuleIO) -> Result<(Kind, Vec<Holder>
             deadline,
         });
     }
-    Ok((kind, holders))
+    Ok((kind, 0, holders))
 }
 
 /// AOF rewrite writes each lock as one `RLOCK.DELTA key <S steps>`: every
-/// holder as it stands, in the compact form replication uses (the rewritten
-/// file is loaded into an empty keyspace, where the steps rebuild the lock).
+/// holder as it stands (after a semaphore's limit), in the compact form
+/// replication uses (the rewritten file is loaded into an empty keyspace,
+/// where the steps rebuild the lock).
 unsafe extern "C" fn aof_rewrite(
     aof: *mut raw::RedisModuleIO,
     key: *mut raw::RedisModuleString,
@@ -198,6 +200,9 @@ unsafe extern "C" fn aof_rewrite(
 ) {
     let v = &*(value as *const LockValue);
     let mut delta = Delta::recording(v.state.kind());
+    if v.state.kind() == Kind::Semaphore {
+        delta.limit(v.state.limit());
+    }
     v.state.iter().for_each(|h| delta.whole(h));
     let bytes = delta.bytes();
     // The key must go through "s": Redis passes a stack-allocated key object
@@ -230,6 +235,7 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     let v = &*(value as *const LockValue);
     api!(RedisModule_DigestAddLongLong)(md, v.state.kind().code() as i64);
+    api!(RedisModule_DigestAddLongLong)(md, v.state.limit() as i64);
     api!(RedisModule_DigestEndSequence)(md);
     // Each holder is its own sequence, and Redis mixes sequences order-free.
     for h in v.state.iter() {

@@ -8,8 +8,12 @@ pub const LEASE_ERR: &str = "ERR lease is not an integer or out of range";
 pub const TIMEOUT_ERR: &str = "ERR timeout is not an integer or out of range";
 pub const EMPTY_OWNER_ERR: &str = "ERR owner must not be empty";
 pub const COUNT_ERR: &str = "ERR count is not an integer or out of range";
+pub const LIMIT_ERR: &str = "ERR LIMIT is not a positive integer or out of range";
+pub const PERMITS_ERR: &str = "ERR PERMITS is not a positive integer or out of range";
+pub const NO_LIMIT_ERR: &str = "ERR LIMIT is required";
+pub const PERMITS_OVER_LIMIT_ERR: &str = "ERR PERMITS is greater than LIMIT";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Options {
     /// Lease in milliseconds, when PX or EX was given.
     pub lease_ms: Option<i64>,
@@ -17,6 +21,47 @@ pub struct Options {
     pub block_ms: Option<i64>,
     /// KEEPALIVE: the server renews the holding while the connection is open.
     pub keepalive: bool,
+    /// A semaphore's `LIMIT n`.
+    pub limit: Option<u32>,
+    /// A semaphore's `PERMITS k`.
+    pub permits: Option<u32>,
+}
+
+/// The option words a command takes (each at most once, in any order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grammar {
+    /// `PX ms | EX s`
+    lease: bool,
+    /// `BLOCK ms`, `KEEPALIVE`
+    acquire: bool,
+    /// `LIMIT n`
+    limit: bool,
+    /// `PERMITS k`
+    permits: bool,
+}
+
+impl Grammar {
+    pub const ACQUIRE: Grammar = Grammar {
+        lease: true,
+        acquire: true,
+        limit: false,
+        permits: false,
+    };
+    pub const RENEW: Grammar = Grammar {
+        acquire: false,
+        ..Grammar::ACQUIRE
+    };
+    pub const SEMAPHORE_ACQUIRE: Grammar = Grammar {
+        limit: true,
+        permits: true,
+        ..Grammar::ACQUIRE
+    };
+    pub const SEMAPHORE_RELEASE: Grammar = Grammar {
+        lease: false,
+        acquire: false,
+        limit: false,
+        permits: true,
+    };
 }
 
 fn integer(arg: &[u8]) -> Option<i64> {
@@ -32,18 +77,23 @@ fn max_duration(now: i64) -> i64 {
     i64::MAX - now.max(0)
 }
 
-/// Parses `[PX ms | EX s]`, and for an acquisition `[BLOCK ms] [KEEPALIVE]`
-/// (each at most once, any order, any case).
+/// A count of permits: a positive integer that fits 32 bits.
+fn positive_u32(arg: &[u8]) -> Option<u32> {
+    integer(arg)
+        .filter(|n| *n > 0)
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+/// Parses the option words `grammar` allows: `[PX ms | EX s]`, for an
+/// acquisition `[BLOCK ms] [KEEPALIVE]`, for a semaphore `[LIMIT n]`
+/// `[PERMITS k]` (each at most once, any order, any case).
 pub fn options<'a>(
     args: impl IntoIterator<Item = &'a [u8]>,
-    acquire: bool,
+    grammar: Grammar,
     now: i64,
 ) -> Result<Options, &'static str> {
-    let mut opts = Options {
-        lease_ms: None,
-        block_ms: None,
-        keepalive: false,
-    };
+    let acquire = grammar.acquire;
+    let mut opts = Options::default();
     let mut it = args.into_iter();
     while let Some(name) = it.next() {
         if acquire && name.eq_ignore_ascii_case(b"KEEPALIVE") {
@@ -54,7 +104,18 @@ pub fn options<'a>(
             continue;
         }
         let value = it.next().ok_or(SYNTAX_ERR)?;
-        if name.eq_ignore_ascii_case(b"PX") || name.eq_ignore_ascii_case(b"EX") {
+        let lease = name.eq_ignore_ascii_case(b"PX") || name.eq_ignore_ascii_case(b"EX");
+        if grammar.limit && name.eq_ignore_ascii_case(b"LIMIT") {
+            if opts.limit.is_some() {
+                return Err(SYNTAX_ERR);
+            }
+            opts.limit = Some(positive_u32(value).ok_or(LIMIT_ERR)?);
+        } else if grammar.permits && name.eq_ignore_ascii_case(b"PERMITS") {
+            if opts.permits.is_some() {
+                return Err(SYNTAX_ERR);
+            }
+            opts.permits = Some(positive_u32(value).ok_or(PERMITS_ERR)?);
+        } else if grammar.lease && lease {
             if opts.lease_ms.is_some() {
                 return Err(SYNTAX_ERR);
             }
@@ -121,7 +182,7 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Options, &'static str> {
         let v: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        options(v, true, NOW)
+        options(v, Grammar::ACQUIRE, NOW)
     }
 
     #[test]
@@ -131,18 +192,11 @@ mod tests {
             Ok(Options {
                 lease_ms: Some(250),
                 block_ms: Some(0),
-                keepalive: false,
+                ..Options::default()
             })
         );
         assert_eq!(parse(&["EX", "2"]).unwrap().lease_ms, Some(2000));
-        assert_eq!(
-            parse(&[]).unwrap(),
-            Options {
-                lease_ms: None,
-                block_ms: None,
-                keepalive: false,
-            }
-        );
+        assert_eq!(parse(&[]).unwrap(), Options::default());
     }
 
     #[test]
@@ -150,7 +204,7 @@ mod tests {
         assert!(parse(&["keepalive", "PX", "5"]).unwrap().keepalive);
         assert_eq!(parse(&["KEEPALIVE", "KEEPALIVE"]), Err(SYNTAX_ERR));
         let renew: Vec<&[u8]> = vec![b"KEEPALIVE"];
-        assert_eq!(options(renew, false, NOW), Err(SYNTAX_ERR));
+        assert_eq!(options(renew, Grammar::RENEW, NOW), Err(SYNTAX_ERR));
     }
 
     #[test]
@@ -166,7 +220,7 @@ mod tests {
             assert_eq!(parse(bad), Err(SYNTAX_ERR), "{bad:?}");
         }
         let no_block: Vec<&[u8]> = vec![b"BLOCK", b"5"];
-        assert_eq!(options(no_block, false, NOW), Err(SYNTAX_ERR));
+        assert_eq!(options(no_block, Grammar::RENEW, NOW), Err(SYNTAX_ERR));
     }
 
     #[test]
@@ -188,6 +242,49 @@ mod tests {
         assert_eq!(parse(&["BLOCK", "9223372036854775807"]), Err(TIMEOUT_ERR));
         let max = (i64::MAX - NOW).to_string();
         assert_eq!(parse(&["PX", &max]).unwrap().lease_ms, Some(i64::MAX - NOW));
+    }
+
+    #[test]
+    fn semaphore_words() {
+        let sem = |args: &[&str], g| {
+            let v: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            options(v, g, NOW)
+        };
+        let o = sem(
+            &["permits", "3", "LIMIT", "8", "PX", "5"],
+            Grammar::SEMAPHORE_ACQUIRE,
+        )
+        .unwrap();
+        assert_eq!(
+            (o.limit, o.permits, o.lease_ms),
+            (Some(8), Some(3), Some(5))
+        );
+        assert_eq!(
+            sem(&["LIMIT", "4294967295"], Grammar::SEMAPHORE_ACQUIRE)
+                .unwrap()
+                .limit,
+            Some(u32::MAX)
+        );
+        for bad in ["0", "-1", "4294967296", "x", "1.5", ""] {
+            assert_eq!(
+                sem(&["LIMIT", bad], Grammar::SEMAPHORE_ACQUIRE),
+                Err(LIMIT_ERR)
+            );
+            assert_eq!(
+                sem(&["PERMITS", bad], Grammar::SEMAPHORE_RELEASE),
+                Err(PERMITS_ERR)
+            );
+        }
+        assert_eq!(
+            sem(&["LIMIT", "1", "LIMIT", "1"], Grammar::SEMAPHORE_ACQUIRE),
+            Err(SYNTAX_ERR)
+        );
+        assert_eq!(sem(&["LIMIT", "1"], Grammar::ACQUIRE), Err(SYNTAX_ERR));
+        assert_eq!(
+            sem(&["PX", "1"], Grammar::SEMAPHORE_RELEASE),
+            Err(SYNTAX_ERR)
+        );
+        assert_eq!(sem(&["PERMITS", "2"], Grammar::RENEW), Err(SYNTAX_ERR));
     }
 
     #[test]

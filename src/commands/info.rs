@@ -1,6 +1,6 @@
 //! `*.INFO key [COUNT n]`: a map describing the lock (RESP2 clients get a flat
 //! array). Read-only: holds past their deadline are shown as gone, not removed.
-//! `COUNT` caps the readers or queued owners listed; counts stay exact.
+//! `COUNT` caps the readers, holders or queued owners listed; counts stay exact.
 
 use crate::blocking;
 use crate::ffi::{bytes, now_ms, selected_db, Ctx, Key, RStr, Reply};
@@ -51,6 +51,33 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
                 fields.push(("queue", Reply::Array(queue.unwrap_or_default())));
             }
             Reply::Map(fields)
+        }
+        Kind::Semaphore => {
+            let limit = value.state.limit() as i64;
+            let used: i64 = live().map(|h| h.reads as i64).sum();
+            let holders = live()
+                .take(count)
+                .map(|h| {
+                    Reply::Map(vec![
+                        ("owner", Reply::Bulk(h.owner.to_vec())),
+                        ("permits", Reply::Int(h.reads as i64)),
+                        ("token", Reply::Int(h.token as i64)),
+                        ("ttl", ttl(h)),
+                        ("keepalive", keepalive(h)),
+                    ])
+                })
+                .collect();
+            let latest = value.state.latest_deadline().unwrap_or(now);
+            Reply::Map(vec![
+                ("kind", Reply::Bulk(kind.name().into())),
+                ("limit", Reply::Int(limit)),
+                ("used", Reply::Int(used)),
+                ("available", Reply::Int((limit - used).max(0))),
+                ("holders", Reply::Array(holders)),
+                ("holder_count", Reply::Int(live().count() as i64)),
+                ("ttl", Reply::Int(latest - now)),
+                ("waiters", Reply::Int(waiters)),
+            ])
         }
         Kind::ReadWrite => {
             let writer = state_writer(live());

@@ -1,6 +1,7 @@
-//! Command handlers. Each family (RLOCK, FAIRLOCK, RWLOCK) has the same five
-//! commands; they differ only in the lock kind and, for RWLOCK, a READ|WRITE word.
-//! Handlers parse, then hand a typed `Action` to the engine.
+//! Command handlers. Each family (RLOCK, FAIRLOCK, RWLOCK, SEMAPHORE) has the
+//! same five commands; they differ only in the lock kind, for RWLOCK a
+//! READ|WRITE word, and for SEMAPHORE the LIMIT and PERMITS options (which make
+//! the request's `Mode`). Handlers parse, then hand a typed `Action` to the engine.
 
 pub mod args;
 mod info;
@@ -56,15 +57,38 @@ fn rest(argv: &[*mut RStr], from: usize) -> impl Iterator<Item = &[u8]> {
     argv[from..].iter().map(|a| unsafe { bytes(*a) })
 }
 
+/// A semaphore's request: `PERMITS k` (default 1) of `LIMIT n` (required on
+/// ACQUIRE), `k <= n`.
+fn permits(opts: &args::Options, acquire: bool) -> Result<Mode, &'static str> {
+    let count = opts.permits.unwrap_or(1);
+    let limit = match opts.limit {
+        Some(n) if count > n => return Err(args::PERMITS_OVER_LIMIT_ERR),
+        Some(n) => n,
+        None if acquire => return Err(args::NO_LIMIT_ERR),
+        None => 0,
+    };
+    Ok(Mode::Permits { count, limit })
+}
+
 pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
-    let (mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
+    let (mut mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(rest(argv, first_opt), true, now_ms()) {
+    let (grammar, semaphore) = match kind {
+        Kind::Semaphore => (args::Grammar::SEMAPHORE_ACQUIRE, true),
+        _ => (args::Grammar::ACQUIRE, false),
+    };
+    let opts = match args::options(rest(argv, first_opt), grammar, now_ms()) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
+    if semaphore {
+        mode = match permits(&opts, true) {
+            Ok(m) => m,
+            Err(e) => return Reply::err(e),
+        };
+    }
     if opts.keepalive && !keepalive_allowed(ctx) {
         return Reply::err(KEEPALIVE_SCRIPT_ERR);
     }
@@ -84,11 +108,17 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
 }
 
 pub fn release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
-    let (mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
+    let (mut mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
         Ok(v) => v,
         Err(e) => return e,
     };
-    if argv.len() != first_opt {
+    if kind == Kind::Semaphore {
+        let parsed = args::options(rest(argv, first_opt), args::Grammar::SEMAPHORE_RELEASE, 0);
+        mode = match parsed.and_then(|o| permits(&o, false)) {
+            Ok(m) => m,
+            Err(e) => return Reply::err(e),
+        };
+    } else if argv.len() != first_opt {
         return arity_error(argv);
     }
     engine::execute(ctx, argv[1], Some(kind), Action::Release { owner, mode })
@@ -99,7 +129,7 @@ pub fn renew(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(rest(argv, first_opt), false, now_ms()) {
+    let opts = match args::options(rest(argv, first_opt), args::Grammar::RENEW, now_ms()) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };

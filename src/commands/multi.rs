@@ -71,7 +71,7 @@ pub fn acquire_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(words(rest), true, now_ms()) {
+    let opts = match args::options(words(rest), args::Grammar::ACQUIRE, now_ms()) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
@@ -102,7 +102,7 @@ pub fn renew_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(words(rest), false, now_ms()) {
+    let opts = match args::options(words(rest), args::Grammar::RENEW, now_ms()) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };

@@ -297,6 +297,14 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             block,
             keepalive,
         } => {
+            // A semaphore's limit is the latest ACQUIRE's; a raised one lets
+            // waiters in (served once the change is done).
+            if let (Mode::Permits { limit, .. }, false) = (mode, state.is_free()) {
+                if limit != state.limit() {
+                    state.set_limit(limit, &mut change.delta);
+                    change.dirty = true;
+                }
+            }
             let granted = match state.admit(owner, mode) {
                 Admission::Upgrade => return Reply::err(err::UPGRADE),
                 Admission::Reentrant => true,
@@ -336,12 +344,13 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
         Action::Release { owner, mode } => match state.release(owner, mode, &mut change.delta) {
             Ok((remaining, ended)) => {
                 change.dirty = true;
-                if ended {
+                // Returned permits are room for others even if the holding goes on.
+                if ended || kind == Kind::Semaphore {
                     change.end(EndReason::Released);
                 }
                 Reply::Int(remaining as i64)
             }
-            Err(_) => Reply::err(err::NOTOWNER),
+            Err(refused) => Reply::err(refused.0),
         },
         Action::Renew { owner, lease_ms } => {
             let deadline = now.saturating_add(lease_ms);
@@ -370,7 +379,7 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
         Action::Replay(_, ops) => match state.replay(&ops, token::max_accepted(now)) {
             Ok(()) => {
                 for op in &ops {
-                    if let Op::New { token: t, .. } = op {
+                    if let Op::New { token: t, .. } | Op::Whole { token: t, .. } = op {
                         token::observe(*t);
                     }
                 }

@@ -6,10 +6,12 @@
 //! holders; only a new holder carries its owner. Deadlines and tokens are
 //! absolute, so a replica or an AOF replay makes exactly the master's change.
 //!
-//! Layout: `VERSION kind step...`, integers little-endian:
+//! Layout: `VERSION kind step...`, integers little-endian; `mode` is `r`, `w`,
+//! or `p count:u32` (a semaphore's permits, one hold counting `count`):
 //! - `N mode token:u64 deadline:i64 len:u32 owner` a new holder with one hold;
 //! - `H mode token deadline` one more hold, lease reset;
 //! - `R mode token` one hold released (the holder leaves at none);
+//! - `L limit:u32` a semaphore's limit put in force;
 //! - `D token deadline` lease renewed;
 //! - `E token` the holder's lease ended;
 //! - `F` every holder ended (forced);
@@ -70,6 +72,9 @@ impl Delta {
         self.buf.push(tag);
         if let Some(m) = mode {
             self.buf.push(mode_byte(m));
+            if let Mode::Permits { count, .. } = m {
+                self.buf.extend(count.to_le_bytes());
+            }
         }
         if let Some(t) = token {
             self.buf.extend(t.to_le_bytes());
@@ -117,6 +122,13 @@ impl Delta {
         }
     }
 
+    pub fn limit(&mut self, limit: u32) {
+        if self.recording {
+            self.step(b'L', None, None, None);
+            self.buf.extend(limit.to_le_bytes());
+        }
+    }
+
     /// A holder exactly as it stands (reads, writes, token, deadline, owner).
     pub fn whole(&mut self, h: &super::Holder) {
         if self.recording {
@@ -141,6 +153,7 @@ fn mode_byte(m: Mode) -> u8 {
     match m {
         Mode::Read => b'r',
         Mode::Write => b'w',
+        Mode::Permits { .. } => b'p',
     }
 }
 
@@ -170,6 +183,9 @@ pub enum Op<'a> {
         token: u64,
     },
     Force,
+    Limit {
+        limit: u32,
+    },
     Whole {
         token: u64,
         deadline: i64,
@@ -213,6 +229,10 @@ impl<'a> Reader<'a> {
         match self.u8()? {
             b'r' => Some(Mode::Read),
             b'w' => Some(Mode::Write),
+            b'p' => Some(Mode::Permits {
+                count: self.u32().filter(|n| *n > 0)?,
+                limit: 0,
+            }),
             _ => None,
         }
     }
@@ -244,6 +264,7 @@ impl<'a> Reader<'a> {
             },
             b'E' => Op::End { token: self.u64()? },
             b'F' => Op::Force,
+            b'L' => Op::Limit { limit: self.u32()? },
             b'S' => {
                 let (token, deadline) = (self.u64()?, self.i64()?);
                 let (reads, writes) = (self.u32()?, self.u32()?);
@@ -292,12 +313,22 @@ mod tests {
             seed % n
         };
         let mut next_token = 0;
-        for kind in [Kind::Reentrant, Kind::Fair, Kind::ReadWrite] {
+        for kind in [
+            Kind::Reentrant,
+            Kind::Fair,
+            Kind::ReadWrite,
+            Kind::Semaphore,
+        ] {
             let mut master = LockState::new(kind);
             let mut replica = LockState::new(kind);
             for step in 0..20_000i64 {
                 let owner = format!("owner-{}", rnd(40));
-                let mode = if kind == Kind::ReadWrite && rnd(3) > 0 {
+                let mode = if kind == Kind::Semaphore {
+                    Mode::Permits {
+                        count: 1 + rnd(3) as u32,
+                        limit: 3 + rnd(20) as u32,
+                    }
+                } else if kind == Kind::ReadWrite && rnd(3) > 0 {
                     Mode::Read
                 } else {
                     Mode::Write
@@ -305,6 +336,10 @@ mod tests {
                 let mut d = Delta::recording(kind);
                 match rnd(6) {
                     0 | 1 => {
+                        // As the engine does: the latest ACQUIRE's limit first.
+                        if let (Mode::Permits { limit, .. }, false) = (mode, master.is_free()) {
+                            master.set_limit(limit, &mut d);
+                        }
                         if matches!(
                             master.admit(owner.as_bytes(), mode),
                             super::super::Admission::Fresh | super::super::Admission::Reentrant
@@ -439,6 +474,74 @@ mod tests {
                 .is_err(),
             "READ on a reentrant lock"
         );
+    }
+
+    #[test]
+    fn semaphore_steps_keep_the_limit_and_the_permits() {
+        let permits = |count| Mode::Permits { count, limit: 0 };
+        let mut master = LockState::new(Kind::Semaphore);
+        let mut d = Delta::recording(Kind::Semaphore);
+        let want = |count| Mode::Permits { count, limit: 5 };
+        master
+            .grant(b"a", want(2), 10, &mut || Some(1), &mut d)
+            .unwrap();
+        master
+            .grant(b"b", want(3), 10, &mut || Some(2), &mut d)
+            .unwrap();
+        master.release(b"b", permits(2), &mut d).unwrap();
+        let (_, ops) = decode(d.bytes()).unwrap();
+        assert_eq!(ops[0], Op::Limit { limit: 5 });
+        let mut replica = LockState::new(Kind::Semaphore);
+        replica.replay(&ops, 10).unwrap();
+        assert_eq!(replica, master);
+        assert_eq!((replica.limit(), replica.used()), (5, 3));
+        let before = replica.clone();
+        let bad: Vec<Vec<Op>> = vec![
+            // Past the limit, more than held, a lock's mode, a zero limit.
+            vec![Op::Hold {
+                token: 1,
+                mode: permits(3),
+                deadline: 1,
+            }],
+            vec![Op::New {
+                mode: permits(3),
+                token: 3,
+                deadline: 1,
+                owner: b"c",
+            }],
+            vec![Op::Release {
+                token: 2,
+                mode: permits(2),
+            }],
+            vec![Op::Release {
+                token: 2,
+                mode: Mode::Read,
+            }],
+            vec![Op::Limit { limit: 0 }],
+            vec![Op::New {
+                mode: permits(1),
+                token: 3,
+                deadline: 1,
+                owner: b"a",
+            }],
+        ];
+        for ops in bad {
+            assert!(replica.replay(&ops, 10).is_err(), "{ops:?}");
+            assert_eq!(replica, before, "{ops:?} left a change behind");
+        }
+        // A holding cannot arrive before a limit says how many permits fit.
+        let no_limit = [Op::New {
+            mode: permits(1),
+            token: 3,
+            deadline: 1,
+            owner: b"c",
+        }];
+        assert!(LockState::new(Kind::Semaphore)
+            .replay(&no_limit, 10)
+            .is_err());
+        let mut cut = Delta::recording(Kind::Semaphore);
+        cut.hold(1, permits(0), 5);
+        assert!(decode(cut.bytes()).is_none(), "zero permits");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! stores it: one string per lock instead of a framed item per field, so a
 //! lock costs an RDB file about what a small Redis value does.
 //!
-//! Layout: `kind:u8 count:varint` then per holder `len:varint owner
+//! Layout: `kind:u8 [limit:varint] count:varint` (the limit of a semaphore
+//! only) then per holder `len:varint owner
 //! reads:varint writes:varint token:u64le lease:zigzag-varint`, where `lease` is
 //! the deadline minus the millisecond in the token's clock part (short for any
 //! lease, exact for every deadline). Decoding is strict: any leftover or
@@ -31,9 +32,17 @@ fn token_ms(token: u64) -> i64 {
     (token >> 20) as i64
 }
 
-pub fn encode<'a>(kind: Kind, count: usize, holders: impl Iterator<Item = &'a Holder>) -> Vec<u8> {
+pub fn encode<'a>(
+    kind: Kind,
+    limit: u32,
+    count: usize,
+    holders: impl Iterator<Item = &'a Holder>,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     out.push(kind.code() as u8);
+    if kind == Kind::Semaphore {
+        put_varint(&mut out, limit as u64);
+    }
     put_varint(&mut out, count as u64);
     for h in holders {
         put_varint(&mut out, h.owner.len() as u64);
@@ -76,9 +85,16 @@ impl Reader<'_> {
     }
 }
 
-pub fn decode(bytes: &[u8]) -> Option<(Kind, Vec<Holder>)> {
+/// A whole state as stored: family, limit (0 for locks), holders.
+pub type Decoded = (Kind, u32, Vec<Holder>);
+
+pub fn decode(bytes: &[u8]) -> Option<Decoded> {
     let mut r = Reader(bytes);
     let kind = Kind::from_code(*r.take(1)?.first()? as u64)?;
+    let limit = match kind {
+        Kind::Semaphore => u32::try_from(r.varint()?).ok()?,
+        _ => 0,
+    };
     let count = r.varint()?;
     let mut holders = Vec::new();
     for _ in 0..count {
@@ -96,7 +112,7 @@ pub fn decode(bytes: &[u8]) -> Option<(Kind, Vec<Holder>)> {
             writes,
         });
     }
-    r.0.is_empty().then_some((kind, holders))
+    r.0.is_empty().then_some((kind, limit, holders))
 }
 
 #[cfg(test)]
@@ -135,11 +151,16 @@ mod tests {
                     holder(b"c", 7, -5, 1, 1),
                 ],
             ),
+            (
+                Kind::Semaphore,
+                vec![holder(b"s", 9, 100, 4, 0), holder(b"t", 10, 100, 1, 0)],
+            ),
         ];
         for (kind, holders) in cases {
-            let bytes = encode(kind, holders.len(), holders.iter());
-            let (k, back) = decode(&bytes).expect("decodes");
-            assert_eq!(k, kind);
+            let limit = if kind == Kind::Semaphore { 300 } else { 0 };
+            let bytes = encode(kind, limit, holders.len(), holders.iter());
+            let (k, l, back) = decode(&bytes).expect("decodes");
+            assert_eq!((k, l), (kind, limit));
             assert_eq!(back, holders);
         }
         let one = &[holder(
@@ -149,7 +170,7 @@ mod tests {
             0,
             1,
         )];
-        assert!(encode(Kind::Reentrant, 1, one.iter()).len() <= 56);
+        assert!(encode(Kind::Reentrant, 0, 1, one.iter()).len() <= 56);
     }
 
     #[test]
@@ -158,7 +179,7 @@ mod tests {
             holder(b"owner", 5 << 20, 100, 1, 0),
             holder(b"x", 6 << 20, 200, 2, 0),
         ];
-        let good = encode(Kind::ReadWrite, 2, hs.iter());
+        let good = encode(Kind::ReadWrite, 0, 2, hs.iter());
         for cut in 0..good.len() {
             assert!(decode(&good[..cut]).is_none(), "cut at {cut}");
         }
@@ -198,6 +219,6 @@ mod tests {
         assert!(with_lease(&cut).is_none());
         // Padded (non-minimal) forms are the same number.
         assert_eq!(Reader(&[0x85, 0x80, 0x00]).varint(), Some(5));
-        assert_eq!(with_lease(&[0x80, 0x00]).unwrap().1[0].deadline, 5);
+        assert_eq!(with_lease(&[0x80, 0x00]).unwrap().2[0].deadline, 5);
     }
 }

@@ -1,7 +1,7 @@
 //! Pure lock state machines: no Redis, no FFI, no clocks. Callers pass `now`
 //! and a token source, so every transition is deterministic and unit-testable.
 //!
-//! One `LockState` serves all three families; the family (`Kind`) only changes
+//! One `LockState` serves every family; the family (`Kind`) only changes
 //! which requests are compatible with the current holders (`LockState::admit`).
 
 pub mod delta;
@@ -28,6 +28,7 @@ pub mod err {
         "ERR no fencing token left in range: the clock or the token counter is out of range";
     pub const INVALID_STATE: &str = "ERR invalid lock state";
     pub const INVALID_DELTA: &str = "ERR invalid lock delta";
+    pub const TOO_FEW_PERMITS: &str = "ERR the owner holds fewer permits than it releases";
 }
 
 /// The lock family a key belongs to. Stored in the value, so a command of one
@@ -37,6 +38,8 @@ pub enum Kind {
     Reentrant,
     Fair,
     ReadWrite,
+    /// Up to `limit` permits held at once, in holdings of any size.
+    Semaphore,
 }
 
 impl Kind {
@@ -51,13 +54,19 @@ impl Kind {
             Kind::Reentrant => c"rlock",
             Kind::Fair => c"fairlock",
             Kind::ReadWrite => c"rwlock",
+            Kind::Semaphore => c"semaphore",
         }
     }
 
     pub fn from_name(name: &[u8]) -> Option<Kind> {
-        [Kind::Reentrant, Kind::Fair, Kind::ReadWrite]
-            .into_iter()
-            .find(|k| k.name().as_bytes() == name)
+        [
+            Kind::Reentrant,
+            Kind::Fair,
+            Kind::ReadWrite,
+            Kind::Semaphore,
+        ]
+        .into_iter()
+        .find(|k| k.name().as_bytes() == name)
     }
 
     pub fn code(self) -> u64 {
@@ -65,6 +74,7 @@ impl Kind {
             Kind::Reentrant => 0,
             Kind::Fair => 1,
             Kind::ReadWrite => 2,
+            Kind::Semaphore => 3,
         }
     }
 
@@ -73,17 +83,44 @@ impl Kind {
             0 => Some(Kind::Reentrant),
             1 => Some(Kind::Fair),
             2 => Some(Kind::ReadWrite),
+            3 => Some(Kind::Semaphore),
             _ => None,
+        }
+    }
+
+    /// Whether a request of `mode` belongs to this family.
+    pub fn allows(self, mode: Mode) -> bool {
+        match (self, mode) {
+            (Kind::Semaphore, Mode::Permits { .. }) => true,
+            (Kind::ReadWrite, Mode::Read | Mode::Write) => true,
+            (Kind::Reentrant | Kind::Fair, Mode::Write) => true,
+            _ => false,
         }
     }
 }
 
-/// Shared (read) or exclusive (write) access. Reentrant and fair locks only
-/// ever use `Write`.
+/// What a request asks for: shared (read) or exclusive (write) access, or
+/// permits of a semaphore. Reentrant and fair locks only ever use `Write`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Read,
     Write,
+    /// `count` permits of a semaphore whose ACQUIRE says `limit` (0 where no
+    /// limit is given: releases, and replayed steps, whose limit is the state's).
+    Permits {
+        count: u32,
+        limit: u32,
+    },
+}
+
+impl Mode {
+    /// How many holds a grant adds or a release takes back.
+    pub fn amount(self) -> u32 {
+        match self {
+            Mode::Read | Mode::Write => 1,
+            Mode::Permits { count, .. } => count,
+        }
+    }
 }
 
 /// Why a hold ended; also the word published on the unlock channel.

@@ -6,6 +6,9 @@
 //! by deadline, so a change to one holder costs O(log n) whatever the count.
 //! The index goes back to inline when one holder is left.
 //!
+//! A semaphore is the same holder set: each holding's permits are its
+//! `reads`, the index keeps their sum, and the state keeps the limit in force.
+//!
 //! Every change is also written to a `Delta` (when it records), the effect a
 //! master replicates; `replay` applies a delta on a replica or from the AOF.
 
@@ -30,14 +33,14 @@ pub struct Holder {
 impl Holder {
     pub fn holds(&self, mode: Mode) -> u32 {
         match mode {
-            Mode::Read => self.reads,
+            Mode::Read | Mode::Permits { .. } => self.reads,
             Mode::Write => self.writes,
         }
     }
 
     fn holds_mut(&mut self, mode: Mode) -> &mut u32 {
         match mode {
-            Mode::Read => &mut self.reads,
+            Mode::Read | Mode::Permits { .. } => &mut self.reads,
             Mode::Write => &mut self.writes,
         }
     }
@@ -70,10 +73,13 @@ struct Index {
     by_token: BTreeMap<u64, Holder>,
     by_owner: HashMap<Owner, u64>,
     by_deadline: BTreeSet<(i64, u64)>,
+    /// The holders' `reads` summed: a semaphore's permits in use.
+    reads: u64,
 }
 
 impl Index {
     fn insert(&mut self, h: Holder) {
+        self.reads += h.reads as u64;
         self.by_owner.insert(h.owner.clone(), h.token);
         self.by_deadline.insert((h.deadline, h.token));
         self.by_token.insert(h.token, h);
@@ -81,6 +87,7 @@ impl Index {
 
     fn remove(&mut self, token: u64) -> Option<Holder> {
         let h = self.by_token.remove(&token)?;
+        self.reads -= h.reads as u64;
         self.by_owner.remove(&h.owner);
         self.by_deadline.remove(&(h.deadline, token));
         Some(h)
@@ -97,6 +104,8 @@ enum Holders {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockState {
     kind: Kind,
+    /// A semaphore's limit in force (0 for the lock families).
+    limit: u32,
     holders: Holders,
 }
 
@@ -104,12 +113,35 @@ impl LockState {
     pub fn new(kind: Kind) -> Self {
         LockState {
             kind,
+            limit: 0,
             holders: Holders::Empty,
         }
     }
 
     pub fn kind(&self) -> Kind {
         self.kind
+    }
+
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Permits in use (a semaphore); for a read-write lock, READ holds.
+    pub fn used(&self) -> u64 {
+        match &self.holders {
+            Holders::Empty => 0,
+            Holders::One(h) => h.reads as u64,
+            Holders::Many(ix) => ix.reads,
+        }
+    }
+
+    /// Puts a semaphore's latest LIMIT in force. A lower limit ends no holding:
+    /// new grants wait until the permits in use are below it.
+    pub fn set_limit(&mut self, limit: u32, delta: &mut Delta) {
+        if self.kind == Kind::Semaphore && limit != self.limit {
+            self.limit = limit;
+            delta.limit(limit);
+        }
     }
 
     pub fn is_free(&self) -> bool {
@@ -179,6 +211,16 @@ impl LockState {
     }
 
     pub fn admit(&self, owner: &[u8], mode: Mode) -> Admission {
+        if let Mode::Permits { count, limit } = mode {
+            // An owner's further permits queue like anyone's: a large request
+            // at the head is not overtaken by holders topping up.
+            let limit = if self.is_free() { limit } else { self.limit };
+            return if self.used() + count as u64 <= limit as u64 {
+                Admission::Fresh
+            } else {
+                Admission::Busy
+            };
+        }
         if let Some(h) = self.holder(owner) {
             return match (self.kind, mode) {
                 (Kind::ReadWrite, Mode::Write) if h.writes == 0 => Admission::Upgrade,
@@ -187,7 +229,7 @@ impl LockState {
         }
         let compatible = match mode {
             Mode::Write => self.is_free(),
-            Mode::Read => self.writer().is_none(),
+            Mode::Read | Mode::Permits { .. } => self.writer().is_none(),
         };
         if compatible {
             Admission::Fresh
@@ -196,9 +238,10 @@ impl LockState {
         }
     }
 
-    /// Adds one hold of `mode` for `owner` and resets its lease to `deadline`.
-    /// A new holder takes a fresh token from `issue`; an existing one keeps its own.
-    /// The caller has checked `admit`.
+    /// Adds one hold of `mode` (a semaphore: its permits) for `owner` and
+    /// resets its lease to `deadline`. A new holder takes a fresh token from
+    /// `issue`; an existing one keeps its own. The caller has checked `admit`;
+    /// a semaphore created by this grant takes the request's limit.
     pub fn grant(
         &mut self,
         owner: &[u8],
@@ -213,6 +256,9 @@ impl LockState {
             return Ok(token);
         }
         let token = issue().ok_or(Refused(err::TOKENS_EXHAUSTED))?;
+        if let (Mode::Permits { limit, .. }, true) = (mode, self.is_free()) {
+            self.set_limit(limit, delta);
+        }
         let mut holder = Holder {
             owner: owner.into(),
             token,
@@ -220,23 +266,26 @@ impl LockState {
             reads: 0,
             writes: 0,
         };
-        *holder.holds_mut(mode) = 1;
+        *holder.holds_mut(mode) = mode.amount();
         self.insert(holder);
         delta.new_holder(mode, token, deadline, owner);
         Ok(token)
     }
 
-    /// Drops one hold of `mode`. Returns the owner's remaining holds of that mode
-    /// and whether the owner's tenure ended (no holds of any mode left).
+    /// Drops one hold of `mode` (a semaphore: its permits). Returns the owner's
+    /// remaining holds of that mode and whether the owner's tenure ended (no
+    /// holds of any mode left).
     pub fn release(
         &mut self,
         owner: &[u8],
         mode: Mode,
         delta: &mut Delta,
-    ) -> Result<(u32, bool), NotOwner> {
-        let h = self.holder(owner).ok_or(NotOwner)?;
-        if h.holds(mode) == 0 {
-            return Err(NotOwner);
+    ) -> Result<(u32, bool), Refused> {
+        let h = self.holder(owner).ok_or(Refused(err::NOTOWNER))?;
+        match h.holds(mode) {
+            0 => return Err(Refused(err::NOTOWNER)),
+            n if n < mode.amount() => return Err(Refused(err::TOO_FEW_PERMITS)),
+            _ => {}
         }
         let token = h.token;
         delta.release(token, mode);
@@ -303,12 +352,12 @@ impl LockState {
         n
     }
 
-    /// One more hold for an existing holder, lease reset.
+    /// One more hold (or `k` permits) for an existing holder, lease reset.
     fn add_hold(&mut self, token: u64, mode: Mode, deadline: i64) -> Result<(), Refused> {
         self.modify(token, |h| {
             let n = h
                 .holds(mode)
-                .checked_add(1)
+                .checked_add(mode.amount())
                 .ok_or(Refused(err::HOLD_OVERFLOW))?;
             *h.holds_mut(mode) = n;
             h.deadline = deadline;
@@ -320,7 +369,7 @@ impl LockState {
     fn drop_hold(&mut self, token: u64, mode: Mode) -> (u32, bool) {
         let (remaining, ended) = self
             .modify(token, |h| {
-                *h.holds_mut(mode) -= 1;
+                *h.holds_mut(mode) -= mode.amount();
                 (h.holds(mode), h.reads == 0 && h.writes == 0)
             })
             .expect("holder exists");
@@ -336,8 +385,9 @@ impl LockState {
             Holders::One(h) if h.token == token => Some(f(h)),
             Holders::Many(ix) => {
                 let h = ix.by_token.get_mut(&token)?;
-                let before = h.deadline;
+                let (before, reads) = (h.deadline, h.reads);
                 let out = f(h);
+                ix.reads = ix.reads - reads as u64 + h.reads as u64;
                 if h.deadline != before {
                     let after = h.deadline;
                     ix.by_deadline.remove(&(before, token));
@@ -392,7 +442,21 @@ impl LockState {
         holders: impl IntoIterator<Item = Holder>,
         max_token: u64,
     ) -> Result<LockState, &'static str> {
+        Self::from_parts(kind, 0, holders, max_token)
+    }
+
+    /// As `from_holders`, with a semaphore's limit (at least 1; 0 for locks).
+    pub fn from_parts(
+        kind: Kind,
+        limit: u32,
+        holders: impl IntoIterator<Item = Holder>,
+        max_token: u64,
+    ) -> Result<LockState, &'static str> {
+        if (kind == Kind::Semaphore) != (limit > 0) {
+            return Err(err::INVALID_STATE);
+        }
         let mut state = LockState::new(kind);
+        state.limit = limit;
         for h in holders {
             if !state.fits(&h, max_token) {
                 return Err(err::INVALID_STATE);
@@ -408,16 +472,21 @@ impl LockState {
     /// Whether `h` may join the current holders as it is: the rules every
     /// state the commands make keeps (one holder for exclusive families, a
     /// writer alone, distinct owners and tokens, at least one hold, ranges).
+    /// A semaphore's holdings are permits only, as many as fit the limit
+    /// (several may exceed a lowered limit together, never one alone).
     fn fits(&self, h: &Holder, max_token: u64) -> bool {
-        !(h.owner.is_empty()
-            || h.reads as u64 + h.writes as u64 == 0
-            || (self.kind != Kind::ReadWrite && h.reads != 0)
-            || !(1..=max_token).contains(&h.token)
-            || h.deadline < 0
-            || self.holder(&h.owner).is_some()
-            || self.by_token(h.token).is_some()
-            || (!self.is_free() && (self.kind != Kind::ReadWrite || h.writes > 0))
-            || self.writer().is_some())
+        let family_rules = match self.kind {
+            Kind::Semaphore => h.writes == 0 && h.reads <= self.limit,
+            Kind::ReadWrite => !(!self.is_free() && h.writes > 0) && self.writer().is_none(),
+            Kind::Reentrant | Kind::Fair => h.reads == 0 && self.is_free(),
+        };
+        family_rules
+            && !(h.owner.is_empty()
+                || h.reads as u64 + h.writes as u64 == 0
+                || !(1..=max_token).contains(&h.token)
+                || h.deadline < 0
+                || self.holder(&h.owner).is_some()
+                || self.by_token(h.token).is_some())
     }
 
     /// Applies a replicated delta. All or nothing: on the first invalid step
@@ -450,11 +519,20 @@ impl LockState {
                 deadline,
                 owner,
             } => {
+                // A replayed request is admitted under the state's limit.
+                let mode = match mode {
+                    Mode::Permits { count, .. } => Mode::Permits {
+                        count,
+                        limit: self.limit,
+                    },
+                    m => m,
+                };
                 let fits = self.mode_allowed(mode)
                     && !owner.is_empty()
                     && (1..=max_token).contains(&token)
                     && deadline >= 0
                     && self.by_token(token).is_none()
+                    && self.holder(owner).is_none()
                     && self.admit(owner, mode) == Admission::Fresh;
                 if !fits {
                     return Err(bad);
@@ -470,7 +548,9 @@ impl LockState {
             } => {
                 let h = self.by_token(token).ok_or(bad)?;
                 let upgrade = self.kind == Kind::ReadWrite && mode == Mode::Write && h.writes == 0;
-                if !self.mode_allowed(mode) || deadline < 0 || upgrade {
+                let over_limit = self.used() + mode.amount() as u64 > self.limit as u64;
+                let permits_over = matches!(mode, Mode::Permits { .. }) && over_limit;
+                if !self.mode_allowed(mode) || deadline < 0 || upgrade || permits_over {
                     return Err(bad);
                 }
                 let before = Undo::counts(h);
@@ -479,10 +559,10 @@ impl LockState {
             }
             Op::Release { token, mode } => {
                 let h = self.by_token(token).ok_or(bad)?;
-                if h.holds(mode) == 0 {
+                if !self.mode_allowed(mode) || h.holds(mode) < mode.amount() {
                     return Err(bad);
                 }
-                if h.reads + h.writes == 1 {
+                if h.reads + h.writes == mode.amount() {
                     undo.push(Undo::Restore(self.remove(token).expect("present")));
                 } else {
                     undo.push(Undo::counts(h));
@@ -528,12 +608,19 @@ impl LockState {
                 let all = std::mem::replace(&mut self.holders, Holders::Empty);
                 undo.push(Undo::Holders(all));
             }
+            Op::Limit { limit } => {
+                if self.kind != Kind::Semaphore || limit == 0 {
+                    return Err(bad);
+                }
+                undo.push(Undo::Limit(self.limit));
+                self.limit = limit;
+            }
         }
         Ok(())
     }
 
     fn mode_allowed(&self, mode: Mode) -> bool {
-        mode == Mode::Write || self.kind == Kind::ReadWrite
+        self.kind.allows(mode)
     }
 
     fn undo(&mut self, u: Undo) {
@@ -555,6 +642,7 @@ impl LockState {
                 });
             }
             Undo::Holders(all) => self.holders = all,
+            Undo::Limit(limit) => self.limit = limit,
         }
     }
 }
@@ -570,6 +658,7 @@ enum Undo {
         deadline: i64,
     },
     Holders(Holders),
+    Limit(u32),
 }
 
 impl Undo {
@@ -614,7 +703,7 @@ mod tests {
         assert_eq!(s.release(b"a", Mode::Write, d), Ok((1, false)));
         assert_eq!(s.release(b"a", Mode::Write, d), Ok((0, true)));
         assert!(s.is_free());
-        assert_eq!(s.release(b"a", Mode::Write, d), Err(NotOwner));
+        assert_eq!(s.release(b"a", Mode::Write, d), Err(Refused(err::NOTOWNER)));
     }
 
     #[test]
@@ -676,7 +765,7 @@ mod tests {
         assert_eq!(s.release(b"w", Mode::Write, d), Ok((0, false)));
         assert!(s.writer().is_none());
         assert_eq!(s.admit(b"r", Mode::Read), Admission::Fresh);
-        assert_eq!(s.release(b"w", Mode::Write, d), Err(NotOwner));
+        assert_eq!(s.release(b"w", Mode::Write, d), Err(Refused(err::NOTOWNER)));
     }
 
     #[test]
