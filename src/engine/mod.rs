@@ -151,6 +151,19 @@ impl Opened<'_> {
         }
     }
 
+    /// Puts a semaphore ACQUIRE's limit in force (the latest is); whether it
+    /// was raised, which may let waiters in ahead of the caller.
+    fn put_limit(&mut self, limit: u32) -> bool {
+        let state = self.slot.state();
+        let old = state.limit();
+        if state.is_free() || limit == old {
+            return false;
+        }
+        state.set_limit(limit, &mut self.change.delta);
+        self.change.dirty = true;
+        limit > old
+    }
+
     /// Hands the lock to the waiters it can go to now.
     fn serve(&mut self, now: i64) {
         let served = blocking::serve(
@@ -239,7 +252,14 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
     if !replicated && crate::role::is_master() {
         o.expire_overdue(now);
     }
-    let serve_first = matches!(action, Action::Serve) || o.state().is_free();
+    let raised = match action {
+        Action::Acquire {
+            mode: Mode::Permits { limit, .. },
+            ..
+        } => o.put_limit(limit),
+        _ => false,
+    };
+    let serve_first = matches!(action, Action::Serve) || o.state().is_free() || raised;
     if serve_first && blocking::any_queued() {
         o.serve(now);
     }
@@ -297,14 +317,6 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             block,
             keepalive,
         } => {
-            // A semaphore's limit is the latest ACQUIRE's; a raised one lets
-            // waiters in (served once the change is done).
-            if let (Mode::Permits { limit, .. }, false) = (mode, state.is_free()) {
-                if limit != state.limit() {
-                    state.set_limit(limit, &mut change.delta);
-                    change.dirty = true;
-                }
-            }
             let granted = match state.admit(owner, mode) {
                 Admission::Upgrade => return Reply::err(err::UPGRADE),
                 Admission::Reentrant => true,
