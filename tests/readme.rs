@@ -1,6 +1,7 @@
-//! The README's redis-cli walkthrough, replayed against a fresh server with
-//! `redis-cli --no-raw`: every line must print as documented. Only fencing
-//! tokens (clock-derived) and TTLs (counting down) are compared by shape.
+//! The README's redis-cli walkthroughs (every ```console block), each replayed
+//! against a fresh server with `redis-cli --no-raw`: every line must print as
+//! documented. Only fencing tokens (clock-derived) and TTLs (counting down) are
+//! compared by shape.
 
 mod common;
 
@@ -10,15 +11,19 @@ use common::*;
 
 const PROMPT: &str = "127.0.0.1:6379> ";
 
-/// (command, expected output lines) pairs of the first ```console block.
-fn walkthrough() -> Vec<(String, Vec<String>)> {
+/// Every ```console block of the README.
+fn walkthroughs() -> Vec<Vec<(String, Vec<String>)>> {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let block = readme
+    readme
         .split("```console\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("README has a ```console walkthrough");
+        .skip(1)
+        .map(|rest| steps(rest.split("```").next().unwrap_or_default()))
+        .collect()
+}
+
+/// (command, expected output lines) pairs of one block.
+fn steps(block: &str) -> Vec<(String, Vec<String>)> {
     let mut steps: Vec<(String, Vec<String>)> = Vec::new();
     for line in block.lines() {
         match line.strip_prefix(PROMPT) {
@@ -57,10 +62,21 @@ fn normalize(lines: &[String]) -> Vec<String> {
 }
 
 #[test]
-fn readme_walkthrough_prints_as_documented() {
+fn readme_walkthroughs_print_as_documented() {
+    let blocks = walkthroughs();
+    assert!(
+        blocks.len() >= 2,
+        "the README has {} walkthroughs",
+        blocks.len()
+    );
+    for steps in blocks {
+        assert!(steps.len() >= 10, "walkthrough too short: {steps:?}");
+        replay(steps);
+    }
+}
+
+fn replay(steps: Vec<(String, Vec<String>)>) {
     let s = Server::start();
-    let steps = walkthrough();
-    assert!(steps.len() >= 10, "walkthrough too short: {steps:?}");
     for (command, expected) in steps {
         let out = Command::new("redis-cli")
             .arg("--no-raw")
