@@ -363,7 +363,7 @@ fn acl_categories_where_the_server_has_them() {
     let blocking = category(&mut admin, "blocking");
     let read = category(&mut admin, "read");
     let write = category(&mut admin, "write");
-    for family in ["rlock", "fairlock", "rwlock"] {
+    for family in ["rlock", "fairlock", "rwlock", "semaphore"] {
         let acquire = format!("{family}.acquire");
         let info = format!("{family}.info");
         let release = format!("{family}.release");

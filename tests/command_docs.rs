@@ -97,6 +97,14 @@ fn all_commands() -> Vec<Expected> {
     rw[1].types = "key:key mode:oneof(read:pure-token write:pure-token) owner:string";
     rw[1].arity = 4;
     all.extend(rw);
+    let mut sem = family("semaphore");
+    sem[0].syntax = "key owner LIMIT limit [PERMITS permits] [PX milliseconds | EX seconds] [BLOCK timeout] [KEEPALIVE]";
+    sem[0].types = "key:key owner:string limit:integer permits:integer lease:oneof(milliseconds:integer seconds:integer) timeout:integer keepalive:pure-token";
+    sem[0].arity = -3;
+    sem[1].syntax = "key owner [PERMITS permits]";
+    sem[1].types = "key:key owner:string permits:integer";
+    sem[1].arity = -3;
+    all.extend(sem);
     all.push(Expected {
         name: "rlock.setstate",
         syntax: "key kind count [owner reads writes token deadline [owner reads writes token deadline ...]]",
@@ -142,7 +150,7 @@ fn all_commands() -> Vec<Expected> {
         key_flags: RENEW_FLAGS,
         numkeys: true,
     });
-    assert_eq!(all.len(), 20);
+    assert_eq!(all.len(), 25);
     all
 }
 

@@ -101,15 +101,30 @@ impl Deployment {
     }
 
     /// Waits until the server on `port` replicates `master` with its link up.
+    /// Sentinel reconfigures a node that comes back; a Sentinel that saw its
+    /// timer stall (a loaded machine) stays in TILT mode for 30 s and acts on
+    /// nothing, so the wait allows for one TILT on top of `limit`.
     fn wait_replica_of(&self, port: u16, master: u16, limit: Duration) {
-        wait_until(limit, || {
-            let Some(info) = info_replication(port) else {
-                return false;
-            };
-            info.contains("role:slave")
-                && info.contains(&format!("master_port:{master}\r"))
-                && info.contains("master_link_status:up")
-        });
+        let deadline = Instant::now() + limit + Duration::from_secs(30);
+        loop {
+            let info = info_replication(port);
+            let replicating = info.as_deref().is_some_and(|info| {
+                info.contains("role:slave")
+                    && info.contains(&format!("master_port:{master}\r"))
+                    && info.contains("master_link_status:up")
+            });
+            if replicating {
+                return;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self.sentinels.iter().map(|s| s.log()).collect();
+                panic!(
+                    "{port} is not a replica of {master} after {limit:?} (+30 s for a TILT); its INFO replication:\n{info:?}\nsentinel logs:\n{}",
+                    logs.join("\n---\n")
+                );
+            }
+            sleep(Duration::from_millis(50));
+        }
     }
 
     /// All three nodes hold the same data: some long locks are taken on the

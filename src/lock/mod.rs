@@ -90,12 +90,12 @@ impl Kind {
 
     /// Whether a request of `mode` belongs to this family.
     pub fn allows(self, mode: Mode) -> bool {
-        match (self, mode) {
-            (Kind::Semaphore, Mode::Permits { .. }) => true,
-            (Kind::ReadWrite, Mode::Read | Mode::Write) => true,
-            (Kind::Reentrant | Kind::Fair, Mode::Write) => true,
-            _ => false,
-        }
+        matches!(
+            (self, mode),
+            (Kind::Semaphore, Mode::Permits { .. })
+                | (Kind::ReadWrite, Mode::Read | Mode::Write)
+                | (Kind::Reentrant | Kind::Fair, Mode::Write)
+        )
     }
 }
 

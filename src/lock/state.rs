@@ -477,7 +477,8 @@ impl LockState {
     fn fits(&self, h: &Holder, max_token: u64) -> bool {
         let family_rules = match self.kind {
             Kind::Semaphore => h.writes == 0 && h.reads <= self.limit,
-            Kind::ReadWrite => !(!self.is_free() && h.writes > 0) && self.writer().is_none(),
+            // A writer comes alone; readers join readers.
+            Kind::ReadWrite => (self.is_free() || h.writes == 0) && self.writer().is_none(),
             Kind::Reentrant | Kind::Fair => h.reads == 0 && self.is_free(),
         };
         family_rules
