@@ -17,6 +17,9 @@
 //! - (f) expiry storm: 500,000 leases ending in the same millisecond;
 //! - (g) persistence at scale: RDB, AOF rewrite, DEBUG RELOAD, promotion and
 //!   FLUSHALL with 1,000,000 locks against as many `SET PX` keys;
+//! - (m) multi-key locks, (k) KEEPALIVE at scale;
+//! - (w) the memory of a parked waiter against a `BLPOP` client, on every
+//!   server `make deps` provides;
 //!
 //! and writes BENCHMARKS.md (machine, versions, tables, ratios, targets).
 //!
@@ -25,7 +28,8 @@
 //! `replica`: time per call with a replica only; `d1`: memory and idle CPU,
 //! `d2`: release with waiters; `e1` or `readers`: ops with N readers in; `e2`
 //! or `admit`: a release admitting N readers; `f` or `storm`; `g` or
-//! `persist`). `BENCH_OUT` overrides the output file.
+//! `persist`; `m` or `multilock`; `k` or `keepalive`; `w` or `waiters`).
+//! `BENCH_OUT` overrides the output file.
 
 mod contention;
 mod expiry;
@@ -40,6 +44,7 @@ mod scale;
 mod server;
 mod storm;
 mod uncontended;
+mod waiters;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -80,6 +85,8 @@ pub struct Cfg {
     pub keepalive_holdings: usize,
     pub keepalive_lease_ms: u64,
     pub keepalive_secs: f64,
+    /// (w) clients parked at once, per server, to weigh one parked waiter.
+    pub parked_waiters: usize,
 }
 
 impl Cfg {
@@ -111,6 +118,7 @@ impl Cfg {
                 keepalive_holdings: 20_000,
                 keepalive_lease_ms: 6_000,
                 keepalive_secs: 4.0,
+                parked_waiters: 1_000,
             }
         } else {
             Cfg {
@@ -139,6 +147,7 @@ impl Cfg {
                 keepalive_holdings: 100_000,
                 keepalive_lease_ms: 30_000,
                 keepalive_secs: 20.0,
+                parked_waiters: 5_000,
             }
         }
     }
@@ -250,6 +259,7 @@ pub struct Results {
     pub persist: Vec<persist::Persist>,
     pub multilock: Vec<multilock::MultiResult>,
     pub keepalive: Vec<keepalive::KeepAlive>,
+    pub waiter_memory: Vec<waiters::WaiterMemory>,
     pub runtime_s: f64,
     pub load_before: String,
     pub load_after: String,
@@ -557,6 +567,26 @@ fn main() {
                 x.repl_bytes_per_s
             ));
             r.keepalive.push(x);
+        }
+    }
+
+    if run_any(&["w", "waiters"]) {
+        progress(&format!(
+            "(w) memory of a parked waiter: {} clients, per server",
+            env.cfg.parked_waiters
+        ));
+        for (label, binary) in waiters::servers() {
+            for native in [true, false] {
+                let x = waiters::run(&env, label, &binary, native);
+                progress(&format!(
+                    "  {label:<20} {:<26} {:>8.0} B/client; left after 1 s {:>7.0}, 10 s {:>7.0}",
+                    x.label(),
+                    x.bytes_per_waiter,
+                    x.left_after_1s,
+                    x.left_after_10s
+                ));
+                r.waiter_memory.push(x);
+            }
         }
     }
 

@@ -10,10 +10,12 @@ use crate::{Env, Results, FLOOR, NATIVE, PLAIN_FLOOR};
 
 mod production;
 mod second_wave;
+mod waiters;
 use production::{
     persist_targets, readers_targets, render_persist, render_readers, render_storm, storm_targets,
 };
 use second_wave::{keepalive_targets, multilock_targets, render_second_wave};
+use waiters::render_waiter_memory;
 
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -884,6 +886,7 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
     render_storm(w, r);
     render_persist(w, r);
     render_second_wave(w, r);
+    render_waiter_memory(w, r);
 
     let missed: Vec<&Target> = ts.iter().filter(|t| t.status == Status::Missed).collect();
     if !missed.is_empty() {

@@ -38,9 +38,19 @@ impl Server {
     /// `aof`: AOF on with `appendfsync no` (effects are propagated and written,
     /// without waiting for the disk).
     pub fn start_with(module: Option<&Path>, maxclients: Option<usize>, aof: bool) -> Server {
+        Self::start_binary("redis-server", module, maxclients, aof)
+    }
+
+    /// As `start_with`, on another server binary (Redis 8.2, Valkey 8.1).
+    pub fn start_binary(
+        binary: &str,
+        module: Option<&Path>,
+        maxclients: Option<usize>,
+        aof: bool,
+    ) -> Server {
         let mut last_err = String::new();
         for _ in 0..5 {
-            match Self::try_start(module, maxclients, aof) {
+            match Self::try_start(binary, module, maxclients, aof) {
                 Ok(s) => return s,
                 Err(e) => last_err = e,
             }
@@ -49,6 +59,7 @@ impl Server {
     }
 
     fn try_start(
+        binary: &str,
         module: Option<&Path>,
         maxclients: Option<usize>,
         aof: bool,
@@ -62,7 +73,7 @@ impl Server {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let log = std::fs::File::create(dir.join("redis.log")).map_err(|e| e.to_string())?;
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(binary);
         command
             .arg("--port")
             .arg(port.to_string())
@@ -93,7 +104,7 @@ impl Server {
             .stdout(Stdio::from(log.try_clone().map_err(|e| e.to_string())?))
             .stderr(Stdio::from(log))
             .spawn()
-            .map_err(|e| format!("redis-server: {e} (is it installed? `make deps`)"))?;
+            .map_err(|e| format!("{binary}: {e} (is it installed? `make deps`)"))?;
         let pid = child.id();
         let mut server = Server {
             port,
