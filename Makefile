@@ -61,7 +61,8 @@ test: build
 # starts its own redis-server processes, writes BENCHMARKS.md at the repo root.
 # BENCH_QUICK=1 make bench: reduced sizes, a smoke run of a few minutes.
 # BENCH_ONLY=storm,persist (or a,a1,a2,a3/replica,b,c,d,d1,d2,e,e1/readers,e2/admit,
-# f/storm,g/persist,m/multilock,k/keepalive,w/waiters) runs only those sections;
+# f/storm,g/persist,m/multilock,k/keepalive,s/semaphore,w/waiters) runs only those
+# sections (SEMAPHORE's uncontended rows are in a/a1);
 # BENCH_OUT=file writes elsewhere.
 bench: build
 	cargo run --release --example bench

@@ -17,12 +17,17 @@ pub const UNLOCK_MESSAGE: &str = "0";
 /// Redisson fair lock's thread wait time (ms), as in the seed articles.
 pub const FAIR_THREAD_WAIT_MS: u64 = 300_000;
 
+/// Permits of every semaphore in the benchmark (K = 64 clients share 8).
+pub const SEMAPHORE_LIMIT: u64 = 8;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     Reentrant,
     Fair,
     Write,
     Read,
+    /// One permit of a semaphore of `SEMAPHORE_LIMIT`.
+    Semaphore,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +43,7 @@ pub enum Impl {
     Lua,
 }
 
-pub const SCRIPT_NAMES: [&str; 9] = [
+pub const SCRIPT_NAMES: [&str; 11] = [
     "floor_release",
     "reentrant_acquire",
     "reentrant_release",
@@ -48,6 +53,8 @@ pub const SCRIPT_NAMES: [&str; 9] = [
     "rw_read_release",
     "rw_write_acquire",
     "rw_write_release",
+    "semaphore_acquire",
+    "semaphore_release",
 ];
 
 pub struct Scripts {
@@ -175,10 +182,12 @@ impl Lock {
             (Impl::Native, Family::Fair) => "FAIRLOCK (native)",
             (Impl::Native, Family::Write) => "RWLOCK WRITE (native)",
             (Impl::Native, Family::Read) => "RWLOCK READ (native)",
+            (Impl::Native, Family::Semaphore) => "SEMAPHORE, 1 of 8 (native)",
             (Impl::Lua, Family::Reentrant) => "Redisson RLock (Lua)",
             (Impl::Lua, Family::Fair) => "Redisson FairLock (Lua)",
             (Impl::Lua, Family::Write) => "Redisson WriteLock (Lua)",
             (Impl::Lua, Family::Read) => "Redisson ReadLock (Lua)",
+            (Impl::Lua, Family::Semaphore) => "Redisson PermitExpirableSemaphore (Lua)",
         };
         match (self.aof, self.replica) {
             (true, true) => format!("{base}, AOF on, with a replica"),
@@ -193,6 +202,7 @@ impl Lock {
             Family::Reentrant => "RLOCK",
             Family::Fair => "FAIRLOCK",
             Family::Write | Family::Read => "RWLOCK",
+            Family::Semaphore => "SEMAPHORE",
         }
     }
 
@@ -202,6 +212,7 @@ impl Lock {
             (Impl::Floor | Impl::PlainFloor, _) => "set",
             (Impl::Native, Family::Reentrant) => "rlock.acquire",
             (Impl::Native, Family::Fair) => "fairlock.acquire",
+            (Impl::Native, Family::Semaphore) => "semaphore.acquire",
             (Impl::Native, _) => "rwlock.acquire",
             (Impl::Lua, _) => "evalsha",
         }
@@ -212,6 +223,7 @@ impl Lock {
             (Impl::Floor | Impl::PlainFloor | Impl::Lua, _) => "evalsha",
             (Impl::Native, Family::Reentrant) => "rlock.release",
             (Impl::Native, Family::Fair) => "fairlock.release",
+            (Impl::Native, Family::Semaphore) => "semaphore.release",
             (Impl::Native, _) => "rwlock.release",
         }
     }
@@ -222,7 +234,13 @@ impl Lock {
             Family::Reentrant => format!("redisson_lock__channel:{{{key}}}"),
             Family::Fair => format!("redisson_lock__channel:{{{key}}}:{owner}"),
             Family::Write | Family::Read => format!("redisson_rwlock:{{{key}}}"),
+            Family::Semaphore => format!("redisson_sc:{{{key}}}"),
         }
+    }
+
+    /// The timeout zset of Redisson's permit-expirable semaphore.
+    fn permits_zset(key: &str) -> String {
+        format!("redisson__timeout__set:{{{key}}}")
     }
 
     /// Queues one acquisition attempt. `block`: native BLOCK ms.
@@ -253,6 +271,11 @@ impl Lock {
                             None => q!(c; cmd, key, mode, owner, "PX", lease_ms),
                         }
                     }
+                    (Family::Semaphore, Some(ms)) => q!(c; cmd, key, owner,
+                        "LIMIT", SEMAPHORE_LIMIT, "PX", lease_ms, "BLOCK", ms),
+                    (Family::Semaphore, None) => {
+                        q!(c; cmd, key, owner, "LIMIT", SEMAPHORE_LIMIT, "PX", lease_ms)
+                    }
                     (_, Some(ms)) => q!(c; cmd, key, owner, "PX", lease_ms, "BLOCK", ms),
                     (_, None) => q!(c; cmd, key, owner, "PX", lease_ms),
                 }
@@ -270,6 +293,12 @@ impl Lock {
                 Family::Read => q!(c; "EVALSHA", s.sha("rw_read_acquire"), 2, key,
                     format!("{{{key}}}:{owner}:rwlock_timeout"),
                     lease_ms, owner, format!("{owner}:write")),
+                Family::Semaphore => {
+                    let now = now_ms();
+                    q!(c; "EVALSHA", s.sha("semaphore_acquire"), 3, key,
+                        Self::permits_zset(key), self.channel(key, owner),
+                        1, owner, now + lease_ms, now, SEMAPHORE_LIMIT)
+                }
             },
         }
     }
@@ -303,6 +332,8 @@ impl Lock {
                     format!("{{{key}}}:{owner}:rwlock_timeout"),
                     format!("{{{key}}}"),
                     UNLOCK_MESSAGE, owner),
+                Family::Semaphore => q!(c; "EVALSHA", s.sha("semaphore_release"), 3, key,
+                    self.channel(key, owner), Self::permits_zset(key), 1, owner, now_ms()),
             },
         }
     }

@@ -18,6 +18,9 @@
 //! - (g) persistence at scale: RDB, AOF rewrite, DEBUG RELOAD, promotion and
 //!   FLUSHALL with 1,000,000 locks against as many `SET PX` keys;
 //! - (m) multi-key locks, (k) KEEPALIVE at scale;
+//! - (s) semaphores: K = 64 clients on LIMIT 8 against Redisson's semaphore
+//!   protocol, and the ops with 100,000 holdings in (the uncontended rows of
+//!   SEMAPHORE and Redisson's PermitExpirableSemaphore are in (a));
 //! - (w) the memory of a parked waiter against a `BLPOP` client, on every
 //!   server `make deps` provides;
 //!
@@ -28,7 +31,8 @@
 //! `replica`: time per call with a replica only; `d1`: memory and idle CPU,
 //! `d2`: release with waiters; `e1` or `readers`: ops with N readers in; `e2`
 //! or `admit`: a release admitting N readers; `f` or `storm`; `g` or
-//! `persist`; `m` or `multilock`; `k` or `keepalive`; `w` or `waiters`).
+//! `persist`; `m` or `multilock`; `k` or `keepalive`; `s` or `semaphore`;
+//! `w` or `waiters`).
 //! `BENCH_OUT` overrides the output file.
 
 mod contention;
@@ -228,17 +232,19 @@ fn raise_fd_limit() -> u64 {
     }
 }
 
-pub const NATIVE: [Lock; 4] = [
+pub const NATIVE: [Lock; 5] = [
     Lock::new(Impl::Native, Family::Reentrant),
     Lock::new(Impl::Native, Family::Fair),
     Lock::new(Impl::Native, Family::Write),
     Lock::new(Impl::Native, Family::Read),
+    Lock::new(Impl::Native, Family::Semaphore),
 ];
-pub const LUA: [Lock; 4] = [
+pub const LUA: [Lock; 5] = [
     Lock::new(Impl::Lua, Family::Reentrant),
     Lock::new(Impl::Lua, Family::Fair),
     Lock::new(Impl::Lua, Family::Write),
     Lock::new(Impl::Lua, Family::Read),
+    Lock::new(Impl::Lua, Family::Semaphore),
 ];
 pub const FLOOR: Lock = Lock::new(Impl::Floor, Family::Reentrant);
 pub const PLAIN_FLOOR: Lock = Lock::new(Impl::PlainFloor, Family::Reentrant);
@@ -260,6 +266,8 @@ pub struct Results {
     pub multilock: Vec<multilock::MultiResult>,
     pub keepalive: Vec<keepalive::KeepAlive>,
     pub waiter_memory: Vec<waiters::WaiterMemory>,
+    /// (s) a semaphore with N holdings: the (e) ops, with and without a replica.
+    pub semaphore_holders: Vec<readers::ReadersScale>,
     pub runtime_s: f64,
     pub load_before: String,
     pub load_after: String,
@@ -451,7 +459,7 @@ fn main() {
     if run_any(&["e", "e1", "readers"]) {
         progress("(e) RWLOCK READ ops with N readers in");
         for &n in &env.cfg.readers {
-            for x in readers::readers_scale(&env, n, env.cfg.reader_ops) {
+            for x in readers::readers_scale(&env, readers::Shared::Readers, n, env.cfg.reader_ops) {
                 progress(&format!(
                     "  {n:>7} readers{:<16} acquire {:8.2} us  renew {:8.2} us  release {:8.2} us{}",
                     if x.replica { ", with a replica" } else { "" },
@@ -567,6 +575,39 @@ fn main() {
                 x.repl_bytes_per_s
             ));
             r.keepalive.push(x);
+        }
+    }
+
+    if run_any(&["s", "semaphore"]) {
+        progress("(s) semaphores: K = 64 clients on LIMIT 8");
+        for imp in [Impl::Native, Impl::Lua] {
+            let lock = Lock::new(imp, Family::Semaphore);
+            let c = contention::run(&env, lock, 64);
+            progress(&format!(
+                "  K=64  {:<40} {:>8.0} acq/s  p50 {:>7.0} us  p99 {:>8.0} us  {:.2} cmds/acq  {:.2} wake-ups/release",
+                lock.label(),
+                c.rate(),
+                c.percentile_us(50.0),
+                c.percentile_us(99.0),
+                c.commands_per_acquisition(),
+                c.wakeups_per_release()
+            ));
+            r.contention.push(c);
+        }
+        progress("(s) semaphores: ops with N holdings in");
+        let top = env.cfg.readers.iter().copied().max().unwrap_or(1);
+        for n in [1, top] {
+            let shared = readers::Shared::Permits;
+            for x in readers::readers_scale(&env, shared, n, env.cfg.reader_ops) {
+                progress(&format!(
+                    "  {n:>7} holdings{:<16} acquire {:8.2} us  renew {:8.2} us  release {:8.2} us",
+                    if x.replica { ", with a replica" } else { "" },
+                    x.acquire.us_per_call,
+                    x.renew.us_per_call,
+                    x.release.us_per_call,
+                ));
+                r.semaphore_holders.push(x);
+            }
         }
     }
 

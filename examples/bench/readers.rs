@@ -1,7 +1,7 @@
 //! (e) Many holders and many waiters on one key: RWLOCK READ acquire /
 //! release / renew with N readers already in, with and without a replica,
 //! replicated bytes per change; and one `RWLOCK.RELEASE ... WRITE` that admits
-//! N queued readers.
+//! N queued readers. (s) runs the same ops on a semaphore with N holdings.
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,48 @@ impl ReadersScale {
     }
 }
 
+/// Whose many holds share the key: RWLOCK readers, or holdings of one permit
+/// each of a semaphore whose limit leaves room for all of them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Shared {
+    Readers,
+    Permits,
+}
+
+/// A semaphore limit above every holder count measured.
+const PERMITS_LIMIT: u64 = 10_000_000;
+
+impl Shared {
+    fn queue_acquire(self, c: &mut Conn, who: &str) {
+        match self {
+            Shared::Readers => q!(c; "RWLOCK.ACQUIRE", KEY, "READ", who, "PX", LONG_LEASE_MS),
+            Shared::Permits => q!(c; "SEMAPHORE.ACQUIRE", KEY, who, "LIMIT", PERMITS_LIMIT,
+                "PX", LONG_LEASE_MS),
+        }
+    }
+
+    fn queue_renew(self, c: &mut Conn, who: &str) {
+        match self {
+            Shared::Readers => q!(c; "RWLOCK.RENEW", KEY, who, "PX", LONG_LEASE_MS),
+            Shared::Permits => q!(c; "SEMAPHORE.RENEW", KEY, who, "PX", LONG_LEASE_MS),
+        }
+    }
+
+    fn queue_release(self, c: &mut Conn, who: &str) {
+        match self {
+            Shared::Readers => q!(c; "RWLOCK.RELEASE", KEY, "READ", who),
+            Shared::Permits => q!(c; "SEMAPHORE.RELEASE", KEY, who),
+        }
+    }
+
+    fn stats(self) -> [&'static str; 3] {
+        match self {
+            Shared::Readers => ["rwlock.acquire", "rwlock.renew", "rwlock.release"],
+            Shared::Permits => ["semaphore.acquire", "semaphore.renew", "semaphore.release"],
+        }
+    }
+}
+
 fn reader(i: usize) -> String {
     // Distinct by the thread part; the uuid part varies too.
     owner(1_000 + i as u64, i as u64)
@@ -58,9 +100,9 @@ fn reader(i: usize) -> String {
 /// command at a time; with a replica, `master_repl_offset` is read after each
 /// (the effect is fed to the replica before the reply is written). Server µs
 /// per call from `INFO commandstats`.
-fn three_ops(srv: &Server, base: usize, m: usize, replica: bool) -> [OpCost; 3] {
+fn three_ops(srv: &Server, shared: Shared, base: usize, m: usize, replica: bool) -> [OpCost; 3] {
     let mut c = srv.conn();
-    let stats = ["rwlock.acquire", "rwlock.renew", "rwlock.release"];
+    let stats = shared.stats();
     let mut bytes = [0i64; 3];
     srv.reset_stats(&mut c);
     let mut off = srv.repl_offset();
@@ -69,12 +111,12 @@ fn three_ops(srv: &Server, base: usize, m: usize, replica: bool) -> [OpCost; 3] 
     for i in base..base + m {
         let who = reader(i);
         for (k, b) in bytes.iter_mut().enumerate() {
-            let v = match k {
-                0 => cmd!(c; "RWLOCK.ACQUIRE", KEY, "READ", who, "PX", LONG_LEASE_MS),
-                1 => cmd!(c; "RWLOCK.RENEW", KEY, who, "PX", LONG_LEASE_MS),
-                _ => cmd!(c; "RWLOCK.RELEASE", KEY, "READ", who),
+            match k {
+                0 => shared.queue_acquire(&mut c, &who),
+                1 => shared.queue_renew(&mut c, &who),
+                _ => shared.queue_release(&mut c, &who),
             }
-            .expect("reply");
+            let v = c.flush().and_then(|_| c.read()).expect("reply");
             let good = match k {
                 0 => matches!(v, Value::Int(_)),
                 1 => v == Value::Int(1),
@@ -104,15 +146,15 @@ fn three_ops(srv: &Server, base: usize, m: usize, replica: bool) -> [OpCost; 3] 
     })
 }
 
-/// N readers on one key: the ops without a replica, then a replica is
-/// attached (full sync) and the same ops again.
-pub fn readers_scale(env: &Env, n: usize, m: usize) -> Vec<ReadersScale> {
+/// N readers (or semaphore holdings) on one key: the ops without a replica,
+/// then a replica is attached (full sync) and the same ops again.
+pub fn readers_scale(env: &Env, shared: Shared, n: usize, m: usize) -> Vec<ReadersScale> {
     let srv = Server::start(&env.module, None);
     let t0 = Instant::now();
     let mut c = srv.conn();
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
         for &i in chunk {
-            q!(c; "RWLOCK.ACQUIRE", KEY, "READ", reader(i), "PX", LONG_LEASE_MS);
+            shared.queue_acquire(&mut c, &reader(i));
         }
         c.flush().expect("send");
         for v in c.read_n(chunk.len()).expect("replies") {
@@ -120,9 +162,9 @@ pub fn readers_scale(env: &Env, n: usize, m: usize) -> Vec<ReadersScale> {
         }
     }
     let load_s = t0.elapsed().as_secs_f64();
-    crate::progress(&format!("  {n} readers loaded in {load_s:.1} s"));
+    crate::progress(&format!("  {n} {shared:?} holders loaded in {load_s:.1} s"));
     let mut out = Vec::new();
-    let [acquire, renew, release] = three_ops(&srv, n, m, false);
+    let [acquire, renew, release] = three_ops(&srv, shared, n, m, false);
     out.push(ReadersScale {
         readers: n,
         replica: false,
@@ -133,7 +175,7 @@ pub fn readers_scale(env: &Env, n: usize, m: usize) -> Vec<ReadersScale> {
         load_s,
     });
     let replica = srv.start_replica(Some(&env.module));
-    let [acquire, renew, release] = three_ops(&srv, n + m, m, true);
+    let [acquire, renew, release] = three_ops(&srv, shared, n + m, m, true);
     // (Not WAIT: it waits for the offset of this connection's own writes.)
     replica.wait_caught_up(&srv, Duration::from_secs(120));
     let digest = |s: &Server| {

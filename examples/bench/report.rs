@@ -14,7 +14,7 @@ mod waiters;
 use production::{
     persist_targets, readers_targets, render_persist, render_readers, render_storm, storm_targets,
 };
-use second_wave::{keepalive_targets, multilock_targets, render_second_wave};
+use second_wave::{keepalive_targets, multilock_targets, render_second_wave, semaphore_targets};
 use waiters::render_waiter_memory;
 
 pub fn loadavg() -> String {
@@ -149,6 +149,7 @@ fn family_name(f: Family) -> &'static str {
         Family::Fair => "FAIRLOCK",
         Family::Write => "RWLOCK WRITE",
         Family::Read => "RWLOCK READ",
+        Family::Semaphore => "SEMAPHORE",
     }
 }
 
@@ -277,7 +278,7 @@ fn targets(r: &Results) -> Vec<Target> {
         }
     }
     let at64 = |l: Lock| r.contention.iter().find(|c| c.lock == l && c.k == 64);
-    for fam in [Family::Reentrant, Family::Fair] {
+    for fam in [Family::Reentrant, Family::Fair, Family::Semaphore] {
         let n = Lock::new(Impl::Native, fam);
         let name = family_name(fam);
         match (at64(n), at64(lua_of(n))) {
@@ -438,6 +439,7 @@ fn targets(r: &Results) -> Vec<Target> {
     t.extend(storm_targets(r));
     t.extend(persist_targets(r));
     t.extend(multilock_targets(r));
+    t.extend(semaphore_targets(r));
     t.extend(keepalive_targets(r));
     t.push(Target {
         id: "runtime",
@@ -680,7 +682,11 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
              connection), then loop {{ try again; wait for an unlock message or the pttl }}, \
              UNSUBSCRIBE once granted; release with the Lua release, which PUBLISHes the \
              unlock message. Each client is a separate process in Redisson's terms (its own \
-             subscription). The fair lock publishes only to the head waiter's own channel.\n\n\
+             subscription). The fair lock publishes only to the head waiter's own channel. \
+             SEMAPHORE rows (section (s)): one semaphore of LIMIT 8, one permit per client; \
+             Redisson's semaphore protocol is the same loop over the permit-expirable \
+             semaphore's scripts (`bench/lua/semaphore_*.lua`), whose release PUBLISHes the \
+             available count to every subscriber of `redisson_sc:{{name}}`.\n\n\
              Latency: from the first acquire attempt to the grant. Commands: every command the \
              clients sent (acquire attempts, SUBSCRIBE/UNSUBSCRIBE, releases) per acquisition. \
              Wake-ups per release: native, replies delivered to parked clients \

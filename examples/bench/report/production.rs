@@ -11,15 +11,33 @@ use crate::server::Stall;
 use crate::Results;
 
 pub fn readers_targets(r: &Results) -> Vec<Target> {
+    let mut t = holders_targets(
+        &r.readers,
+        "RWLOCK READ",
+        "readers",
+        ["readers-scale", "readers-bytes"],
+    );
+    admit_target(r, &mut t);
+    t
+}
+
+/// Per-change cost with N holders against 1 (≤ 2x), and bytes per change (≤
+/// 300 B), for the RWLOCK readers of (e) or the semaphore holdings of (s).
+pub fn holders_targets(
+    rows: &[ReadersScale],
+    name: &str,
+    holders: &str,
+    ids: [&'static str; 2],
+) -> Vec<Target> {
     let mut t = Vec::new();
-    let sizes = |replica: bool| r.readers.iter().filter(move |x| x.replica == replica);
-    let top = r.readers.iter().map(|x| x.readers).max();
+    let sizes = |replica: bool| rows.iter().filter(move |x| x.replica == replica);
+    let top = rows.iter().map(|x| x.readers).max();
     for k in 0..3 {
         let get = |x: &'_ ReadersScale| x.ops()[k].1.us_per_call;
         let op = ["acquire", "renew", "release"][k];
         let what = |n: usize| {
             format!(
-                "RWLOCK READ {op} with {} readers in vs 1 (server µs/call)",
+                "{name} {op} with {} {holders} in vs 1 (server µs/call)",
                 num(n as f64)
             )
         };
@@ -45,13 +63,13 @@ pub fn readers_targets(r: &Results) -> Vec<Target> {
         }
         match top {
             Some(n) if n > 1 && !parts.is_empty() => t.push(Target {
-                id: "readers-scale",
+                id: ids[0],
                 what: what(n),
                 measured: parts.join("; "),
                 required: "≤ 2x",
                 status: status(ok),
             }),
-            _ => t.push(not_run("readers-scale", &what(100_000), "≤ 2x")),
+            _ => t.push(not_run(ids[0], &what(100_000), "≤ 2x")),
         }
     }
     let worst = sizes(true)
@@ -60,18 +78,22 @@ pub fn readers_targets(r: &Results) -> Vec<Target> {
         .max_by(|a, b| a.2.total_cmp(&b.2));
     match worst {
         Some((n, op, b)) => t.push(Target {
-            id: "readers-bytes",
-            what: "Replicated bytes per RWLOCK READ change (worst op and size)".into(),
-            measured: format!("{} B ({op} with {} readers in)", num(b), num(n as f64)),
+            id: ids[1],
+            what: format!("Replicated bytes per {name} change (worst op and size)"),
+            measured: format!("{} B ({op} with {} {holders} in)", num(b), num(n as f64)),
             required: "≤ 300 B at every size",
             status: status(b <= 300.0),
         }),
         None => t.push(not_run(
-            "readers-bytes",
-            "Replicated bytes per RWLOCK READ change",
+            ids[1],
+            &format!("Replicated bytes per {name} change"),
             "≤ 300 B at every size",
         )),
     }
+    t
+}
+
+fn admit_target(r: &Results, t: &mut Vec<Target>) {
     let small = r.admit.iter().min_by_key(|a| a.queued);
     let large = r.admit.iter().max_by_key(|a| a.queued);
     match (small, large) {
@@ -101,7 +123,6 @@ pub fn readers_targets(r: &Results) -> Vec<Target> {
             "≤ 2x (O(N) in total)",
         )),
     }
-    t
 }
 
 pub fn storm_targets(r: &Results) -> Vec<Target> {

@@ -1,7 +1,8 @@
-//! The second-wave sections: (m) multi-key locks, (k) KEEPALIVE.
+//! The second-wave sections: (m) multi-key locks, (k) KEEPALIVE, (s) semaphores.
 
 use std::fmt::Write as _;
 
+use super::production::holders_targets;
 use super::{f2, not_run, num, status, Target};
 use crate::keepalive::Renewal;
 use crate::Results;
@@ -101,7 +102,62 @@ pub fn keepalive_targets(r: &Results) -> Vec<Target> {
     ]
 }
 
+pub fn semaphore_targets(r: &Results) -> Vec<Target> {
+    holders_targets(
+        &r.semaphore_holders,
+        "SEMAPHORE",
+        "holdings",
+        ["semaphore-scale", "semaphore-bytes"],
+    )
+}
+
+fn render_semaphores(w: &mut String, r: &Results) {
+    if r.semaphore_holders.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "\n## (s) Semaphores\n");
+    let _ = writeln!(
+        w,
+        "Uncontended costs of `SEMAPHORE.ACQUIRE key owner LIMIT 8 PX 30000` and \
+         `SEMAPHORE.RELEASE` against the floor and Redisson's permit-expirable semaphore are \
+         rows of (a); K = 64 clients on one semaphore of LIMIT 8 are rows of (b). Here: one \
+         semaphore (LIMIT 10,000,000) with N holdings of one permit each, distinct \
+         Redisson-style owners, lease 1 h; then, as in (e), a new owner acquires, renews and \
+         releases, one command at a time, without and then with a replica attached.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| holdings | setup | calls | acquire µs | renew µs | release µs | acquire B/change | renew B/change | release B/change | replica in sync |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for x in &r.semaphore_holders {
+        let b = |c: &crate::readers::OpCost| c.bytes_per_change.map(num).unwrap_or_default();
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            num(x.readers as f64),
+            if x.replica {
+                "with a replica"
+            } else {
+                "no replica"
+            },
+            x.acquire.calls,
+            f2(x.acquire.us_per_call),
+            f2(x.renew.us_per_call),
+            f2(x.release.us_per_call),
+            b(&x.acquire),
+            b(&x.renew),
+            b(&x.release),
+            match x.replica_digest_equal {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "",
+            }
+        );
+    }
+}
+
 pub fn render_second_wave(w: &mut String, r: &Results) {
+    render_semaphores(w, r);
     if !r.multilock.is_empty() {
         let _ = writeln!(w, "\n## (m) Multi-key locks\n");
         let _ = writeln!(
