@@ -1,6 +1,6 @@
 //! Client library for the rlock Redis module (`RLOCK.*`, `FAIRLOCK.*`,
-//! `RWLOCK.*`) on the synchronous [`redis`] crate, plus [`RedLock`] over
-//! independent servers.
+//! `RWLOCK.*`, `SEMAPHORE.*`) on the synchronous [`redis`] crate, plus
+//! [`RedLock`] over independent servers.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -32,6 +32,8 @@
 //!   connection that was granted the lock stays open, and releases it when
 //!   that connection closes; no renewal thread runs.
 //! - [`MultiLock`]: several RLOCK keys, all or nothing (`RLOCK.ACQUIREALL`).
+//! - [`Lock::semaphore`] (`SEMAPHORE.*`): at most `limit` permits held at
+//!   once, a lease and a token per holding.
 //! - [`Error::Deadlock`]: a parked wait that closed a wait-for cycle.
 //! - [`RedLock`]: quorum over independent servers; its per-server tokens are
 //!   not one fencing token.
@@ -145,13 +147,15 @@ pub fn unlock_channel(db: i64, key: &str) -> String {
 
 const END_MESSAGES: [&[u8]; 3] = [b"released", b"expired", b"forced"];
 
-/// The lock family (command prefix) and, for RWLOCK, the mode.
+/// The lock family (command prefix) and, for RWLOCK, the mode; for a
+/// semaphore, its limit and the permits one acquisition takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     Reentrant,
     Fair,
     Read,
     Write,
+    Semaphore { limit: u32, permits: u32 },
 }
 
 impl Family {
@@ -160,6 +164,7 @@ impl Family {
             Family::Reentrant => "RLOCK",
             Family::Fair => "FAIRLOCK",
             Family::Read | Family::Write => "RWLOCK",
+            Family::Semaphore { .. } => "SEMAPHORE",
         }
     }
 
@@ -221,6 +226,18 @@ impl Lock {
     /// A fair lock (`FAIRLOCK.*`): parked waiters are served in arrival order.
     pub fn fair(client: &Client, key: impl Into<String>) -> Lock {
         Lock::of(client, key, Family::Fair)
+    }
+
+    /// A semaphore (`SEMAPHORE.*`): at most `limit` permits held at once on
+    /// the key, `permits` of them taken by each acquisition of this owner
+    /// (one holding with one token and lease; a second guard adds `permits`
+    /// under the same token). The latest acquisition's `limit` is in force.
+    /// Waiters are served in arrival order, a large request before smaller
+    /// ones behind it. `release` returns the owner's remaining permits. The
+    /// server refuses `limit` or `permits` of 0, or `permits > limit`
+    /// (`Error::Redis`).
+    pub fn semaphore(client: &Client, key: impl Into<String>, limit: u32, permits: u32) -> Lock {
+        Lock::of(client, key, Family::Semaphore { limit, permits })
     }
 
     /// A lock of any family (see also [`ReadWriteLock`]).
@@ -297,6 +314,9 @@ impl Lock {
             c.arg(mode);
         }
         c.arg(&self.owner).arg("PX").arg(millis(self.lease));
+        if let Family::Semaphore { limit, permits } = self.family {
+            c.arg("LIMIT").arg(limit).arg("PERMITS").arg(permits);
+        }
         if let Some(block) = block {
             c.arg("BLOCK").arg(millis(block));
         }
@@ -407,6 +427,9 @@ impl Lock {
             c.arg(mode);
         }
         c.arg(&self.owner);
+        if let Family::Semaphore { permits, .. } = self.family {
+            c.arg("PERMITS").arg(permits);
+        }
         c
     }
 

@@ -1,5 +1,5 @@
 """Client library for the rlock Redis module (``RLOCK.*``, ``FAIRLOCK.*``,
-``RWLOCK.*``), on redis-py, plus RedLock over independent servers.
+``RWLOCK.*``, ``SEMAPHORE.*``), on redis-py, plus RedLock over independent servers.
 
     import redis
     from rlock import Lock
@@ -24,6 +24,8 @@
   pool) while it holds anything.
 * ``MultiLock(r, [k1, k2, ...])``: every key or none (``RLOCK.ACQUIREALL``);
   ``tokens`` has one fencing token per key.
+* ``Semaphore(r, key, limit=n, permits=k)``: ``SEMAPHORE.*``, at most ``n``
+  permits held at once, a lease and a token per holding.
 * A parked wait that closes a wait-for cycle raises ``DeadlockError``.
 * ``FairLock``, ``ReadWriteLock`` (``rw.read`` / ``rw.write``), and in
   ``rlock.aio`` the same for ``redis.asyncio``.
@@ -49,6 +51,7 @@ from ._sync import (
     ReadWriteLock,
     RedLock,
     RedLockGrant,
+    Semaphore,
     WriteLock,
 )
 
@@ -66,6 +69,7 @@ __all__ = [
     "ReadWriteLock",
     "RedLock",
     "RedLockGrant",
+    "Semaphore",
     "WriteLock",
     "default_owner",
     "unlock_channel",

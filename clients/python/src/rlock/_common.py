@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import redis
 
@@ -147,6 +147,36 @@ def acquire_all(
     if keepalive:
         args.append("KEEPALIVE")
     return args
+
+
+def check_permits(limit: int, permits: int) -> Tuple[int, int]:
+    """A semaphore's ``LIMIT`` and ``PERMITS``: positive, at most 2**32 - 1,
+    ``permits <= limit`` (the server refuses anything else)."""
+    limit, permits = int(limit), int(permits)
+    if not 1 <= limit <= 0xFFFFFFFF:
+        raise ValueError("limit must be a positive integer below 2**32")
+    if not 1 <= permits <= limit:
+        raise ValueError("permits must be a positive integer no greater than limit")
+    return limit, permits
+
+
+def semaphore_acquire(
+    key: KeyT, owner: str, limit: int, permits: int, lease_ms: int, block: Optional[int],
+    keepalive: bool,
+) -> List[Any]:
+    """``SEMAPHORE.ACQUIRE key owner LIMIT n PERMITS k PX ms [BLOCK ms] [KEEPALIVE]``."""
+    args: List[Any] = [
+        "SEMAPHORE.ACQUIRE", key, owner, "LIMIT", limit, "PERMITS", permits, "PX", lease_ms,
+    ]
+    if block is not None:
+        args += ["BLOCK", block]
+    if keepalive:
+        args.append("KEEPALIVE")
+    return args
+
+
+def semaphore_release(key: KeyT, owner: str, permits: int) -> List[Any]:
+    return ["SEMAPHORE.RELEASE", key, owner, "PERMITS", permits]
 
 
 def release_all(keys: Sequence[KeyT], owner: str) -> List[Any]:

@@ -26,6 +26,7 @@ from ._common import (
     acquire_all,
     block_ms,
     check_lease,
+    check_permits,
     db_of,
     default_owner,
     drift_ms,
@@ -37,6 +38,8 @@ from ._common import (
     release_all,
     renew_all,
     retry_wait,
+    semaphore_acquire,
+    semaphore_release,
     unlock_channel,
 )
 
@@ -461,11 +464,15 @@ class _LockBase:
     def _holds_left(self, left: Any) -> int:
         return int(left)
 
+    def _grant_amount(self) -> int:
+        """Holds one grant adds (a semaphore: its permits)."""
+        return 1
+
     def _granted(self, reply: Any) -> Any:
         token = self._parse_grant(reply)
         with self._mutex:
             self._token = token
-            self._holds += 1
+            self._holds += self._grant_amount()
             self.lost.clear()
             # With KEEPALIVE the server renews: no thread.
             if self.auto_renew and not self.keepalive and not self.renewing:
@@ -634,6 +641,44 @@ class MultiLock(_LockBase):
     def _holds_left(self, left: Any) -> int:
         # Held together while the owner holds every key (RENEWALL needs that).
         return min(left)
+
+
+class Semaphore(_LockBase):
+    """Semaphore with a lease per holding (``SEMAPHORE.*``): at most ``limit``
+    permits are held at once on the key, and each ``acquire()`` of this object
+    takes ``permits`` of them for its owner (one holding, one token, one
+    lease; acquiring again adds ``permits`` and keeps the token).
+
+    >>> with Semaphore(r, "pool:db", limit=10, permits=2, lease_ms=10_000) as s:
+    ...     query(fence=s.token)
+
+    The latest ACQUIRE's ``limit`` is in force on the key. Waiters are served
+    in arrival order on the server, and a large request is not overtaken by
+    smaller ones. ``release()`` returns ``permits`` and answers the owner's
+    remaining permits (``holds`` counts this object's permits). A holder that
+    dies without releasing gets its permits back to the pool when its lease
+    ends. Same options as Lock (lease, timeout, renewal thread or
+    ``keepalive``, ``use_pubsub``, ``on_lost``).
+    """
+
+    _family = Family("SEMAPHORE")
+
+    def __init__(
+        self, client: "redis.Redis", key: KeyT, limit: int, permits: int = 1,
+        owner: Optional[str] = None, **kwargs: Any,
+    ) -> None:
+        self.limit, self.permits = check_permits(limit, permits)
+        super().__init__(client, key, owner, **kwargs)
+
+    def _acquire_args(self, block: Optional[int]) -> List[Any]:
+        return semaphore_acquire(
+            self.key, self.owner, self.limit, self.permits, self.lease_ms, block, self.keepalive)
+
+    def _release_args(self) -> List[Any]:
+        return semaphore_release(self.key, self.owner, self.permits)
+
+    def _grant_amount(self) -> int:
+        return self.permits
 
 
 # -- RedLock ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The same locks for ``redis.asyncio``: ``AsyncLock``, ``AsyncFairLock``,
-``AsyncReadWriteLock``, ``AsyncMultiLock`` and ``AsyncRedLock``.
+``AsyncReadWriteLock``, ``AsyncMultiLock``, ``AsyncSemaphore`` and ``AsyncRedLock``.
 
     from rlock.aio import AsyncLock
 
@@ -41,6 +41,7 @@ from ._common import (
     acquire_all,
     block_ms,
     check_lease,
+    check_permits,
     db_of,
     default_owner,
     drift_ms,
@@ -52,6 +53,8 @@ from ._common import (
     release_all,
     renew_all,
     retry_wait,
+    semaphore_acquire,
+    semaphore_release,
 )
 from ._common import unlock_channel
 from ._sync import RedLockGrant
@@ -261,10 +264,13 @@ class _AsyncLockBase:
             raise
         return None if reply is None else self._granted(reply)
 
+    def _grant_amount(self) -> int:
+        return 1
+
     def _granted(self, reply: Any) -> Any:
         token = self._parse_grant(reply)
         self._token = token
-        self._holds += 1
+        self._holds += self._grant_amount()
         self.lost.clear()
         # With KEEPALIVE the server renews: no task.
         if self.auto_renew and not self.keepalive and not self.renewing:
@@ -516,6 +522,29 @@ class AsyncMultiLock(_AsyncLockBase):
 
     def _holds_left(self, left: Any) -> int:
         return min(left)
+
+
+class AsyncSemaphore(_AsyncLockBase):
+    """Semaphore with a lease per holding (see ``rlock.Semaphore``)."""
+
+    _family = Family("SEMAPHORE")
+
+    def __init__(
+        self, client: ARedis, key: KeyT, limit: int, permits: int = 1,
+        owner: Optional[str] = None, **kwargs: Any,
+    ) -> None:
+        self.limit, self.permits = check_permits(limit, permits)
+        super().__init__(client, key, owner, **kwargs)
+
+    def _acquire_args(self, block: Optional[int]) -> List[Any]:
+        return semaphore_acquire(
+            self.key, self.owner, self.limit, self.permits, self.lease_ms, block, self.keepalive)
+
+    def _release_args(self) -> List[Any]:
+        return semaphore_release(self.key, self.owner, self.permits)
+
+    def _grant_amount(self) -> int:
+        return self.permits
 
 
 def _redlock_client(server: Union[ARedis, str], timeout: float) -> ARedis:
