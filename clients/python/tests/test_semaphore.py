@@ -15,6 +15,7 @@ import redis.asyncio
 from rlock import LockLost, NotAcquired, Semaphore
 from rlock._common import parse_info
 from rlock.aio import AsyncSemaphore, _close
+from test_async import wait_for as async_wait_for
 from test_lock import renew_calls, wait_for, waiters
 
 SERVER: Optional[harness.Server] = None
@@ -143,6 +144,72 @@ class SemaphoreTest(unittest.TestCase):
         self.assertIsNotNone(got[0])
         waiter.release()
 
+    def test_the_same_object_adds_permits_under_its_token(self) -> None:
+        s = Semaphore(self.r, "again", limit=5, permits=2)
+        token = s.acquire(blocking=False)
+        self.assertIsNotNone(token)
+        self.assertEqual(s.acquire(blocking=False), token, "one holding, one token")
+        self.assertEqual((s.holds, used(self.r, "again")), (4, 4))
+        # 2 more do not fit in 5: a BLOCK wait of the holder itself times out with None.
+        self.assertIsNone(s.acquire(timeout=0.2))
+        self.assertEqual((s.holds, waiters(self.r)), (4, 0))
+        self.assertEqual(s.release(), 2)
+        self.assertEqual((s.holds, s.token, used(self.r, "again")), (2, token, 2))
+        self.assertEqual(s.release(), 0)
+        self.assertIsNone(s.token)
+        self.assertGreater(s.acquire(blocking=False) or 0, token or 0, "a new holding")
+        s.release()
+
+    def test_a_partial_return_wakes_the_pubsub_path(self) -> None:
+        holder = Semaphore(self.r, "part", limit=2)
+        holder.acquire()
+        holder.acquire()  # both permits, one holding
+        entered: List[Optional[int]] = []
+
+        def wait() -> None:
+            # use_pubsub: `with` waits on the channel (safety poll 5 s, PTTL 30 s).
+            with Semaphore(self.r, "part", limit=2, use_pubsub=True, timeout=10) as w:
+                entered.append(w.token)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        wait_for(lambda: self.r.pubsub_numsub("__rlock@0__:part")[0][1] == 1)
+        self.assertEqual(waiters(self.r), 0)
+        started = time.monotonic()
+        self.assertEqual(holder.release(), 1, "one permit returned, one kept")
+        t.join(10)
+        self.assertLess(time.monotonic() - started, 2.5, "woken by `released`, not by a poll")
+        self.assertEqual(len(entered), 1)
+        self.assertGreater(entered[0] or 0, holder.token or 0)
+        self.assertEqual(holder.release(), 0)
+        self.assertEqual(self.r.exists("part"), 0)
+
+    def test_threads_contend_and_never_exceed_the_limit(self) -> None:
+        inside = [0]
+        peak = [0]
+        tokens: List[int] = []
+        guard = threading.Lock()
+
+        def work(permits: int) -> None:
+            for _ in range(4):
+                with Semaphore(self.r, "pool", limit=4, permits=permits, timeout=20) as s:
+                    with guard:
+                        inside[0] += permits
+                        peak[0] = max(peak[0], inside[0])
+                        tokens.append(s.token)  # type: ignore[arg-type]
+                    time.sleep(0.005)
+                    with guard:
+                        inside[0] -= permits
+
+        threads = [threading.Thread(target=work, args=(p,)) for p in (1, 1, 2, 2, 3, 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertLessEqual(peak[0], 4)
+        self.assertEqual(len(set(tokens)), 24, "a token per holding")
+        self.assertEqual(self.r.exists("pool"), 0)
+
     def test_arguments_are_checked_before_sending(self) -> None:
         for limit, permits in [(0, 1), (2, 3), (2, 0), (2**32, 1)]:
             with self.assertRaises(ValueError):
@@ -153,6 +220,7 @@ class AsyncSemaphoreTest(unittest.IsolatedAsyncioTestCase):
     async def asyncSetUp(self) -> None:
         assert SERVER is not None
         self.r = redis.asyncio.Redis(port=SERVER.port)
+        await self.r.config_set("rlock.notify-channel", "yes")
         await self.r.flushall()
 
     async def asyncTearDown(self) -> None:
@@ -170,6 +238,46 @@ class AsyncSemaphoreTest(unittest.IsolatedAsyncioTestCase):
         self.assertIsNotNone(await task)
         self.assertEqual(await other.release(), 0)
         self.assertEqual(await self.r.exists("as"), 0)
+
+    async def test_async_lost_holding_is_reported(self) -> None:
+        reported: List[AsyncSemaphore] = []
+
+        async def on_lost(s: AsyncSemaphore) -> None:
+            reported.append(s)
+
+        s = AsyncSemaphore(self.r, "alost", limit=2, lease_ms=300, on_lost=on_lost)  # type: ignore[arg-type]
+        with self.assertRaises(LockLost):
+            async with s:
+                self.assertEqual(await self.r.execute_command("SEMAPHORE.FORCERELEASE", "alost"), 1)
+
+                async def lost() -> bool:
+                    return s.lost.is_set()
+
+                await async_wait_for(lost, 2)
+        self.assertEqual(reported, [s])
+
+    async def test_async_keepalive_and_pubsub_path(self) -> None:
+        holder = AsyncSemaphore(self.r, "aps", limit=2, permits=2, lease_ms=300, keepalive=True)
+        first = await holder.acquire()
+        self.assertFalse(holder.renewing)
+        waiter = AsyncSemaphore(self.r, "aps", limit=2)
+        task = asyncio.ensure_future(waiter.acquire_via_pubsub(timeout=10, safety_poll=10))
+
+        async def subscribed() -> bool:
+            return (await self.r.pubsub_numsub("__rlock@0__:aps"))[0][1] == 1
+
+        await async_wait_for(subscribed)
+        await asyncio.sleep(0.8)  # past the 300 ms lease: the server renews it
+        self.assertFalse(task.done())
+        info = await holder.info()
+        assert info is not None
+        self.assertEqual((info["used"], info["waiters"]), (2, 0))
+        started = time.monotonic()
+        self.assertEqual(await holder.release(), 0)
+        token = await task
+        self.assertLess(time.monotonic() - started, 2.5)
+        self.assertGreater(token or 0, first or 0)
+        self.assertEqual(await waiter.release(), 0)
 
 
 if __name__ == "__main__":
