@@ -29,6 +29,16 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
         crate::keepalive::bound_client(db, name, h.token)
             .map_or(Reply::Null, |c| Reply::Int(c as i64))
     };
+    // One listed holder: its count of READ holds or permits under `count_name`.
+    let entry = |h: &Holder, count_name: &'static str| {
+        Reply::Map(vec![
+            ("owner", Reply::Bulk(h.owner.to_vec())),
+            (count_name, Reply::Int(h.reads as i64)),
+            ("token", Reply::Int(h.token as i64)),
+            ("ttl", ttl(h)),
+            ("keepalive", keepalive(h)),
+        ])
+    };
     match kind {
         Kind::Reentrant | Kind::Fair => {
             let h = first;
@@ -55,18 +65,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
         Kind::Semaphore => {
             let limit = value.state.limit() as i64;
             let used: i64 = live().map(|h| h.reads as i64).sum();
-            let holders = live()
-                .take(count)
-                .map(|h| {
-                    Reply::Map(vec![
-                        ("owner", Reply::Bulk(h.owner.to_vec())),
-                        ("permits", Reply::Int(h.reads as i64)),
-                        ("token", Reply::Int(h.token as i64)),
-                        ("ttl", ttl(h)),
-                        ("keepalive", keepalive(h)),
-                    ])
-                })
-                .collect();
+            let holders = live().take(count).map(|h| entry(h, "permits")).collect();
             let latest = value.state.latest_deadline().unwrap_or(now);
             Reply::Map(vec![
                 ("kind", Reply::Bulk(kind.name().into())),
@@ -83,18 +82,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
             let writer = state_writer(live());
             let readers = || live().filter(|h| h.reads > 0);
             let reader_count = readers().count() as i64;
-            let listed = readers()
-                .take(count)
-                .map(|h| {
-                    Reply::Map(vec![
-                        ("owner", Reply::Bulk(h.owner.to_vec())),
-                        ("holds", Reply::Int(h.reads as i64)),
-                        ("token", Reply::Int(h.token as i64)),
-                        ("ttl", ttl(h)),
-                        ("keepalive", keepalive(h)),
-                    ])
-                })
-                .collect();
+            let listed = readers().take(count).map(|h| entry(h, "holds")).collect();
             let latest = value.state.latest_deadline().unwrap_or(now);
             Reply::Map(vec![
                 ("kind", Reply::Bulk(kind.name().into())),
