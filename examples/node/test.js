@@ -65,8 +65,11 @@ before(async () => {
   );
   process.on('exit', () => server.kill('SIGKILL')); // also when a test run is cut short
   admin = new Redis({ port, host: '127.0.0.1', retryStrategy: (n) => (n > 200 ? null : 20) });
+  admin.on('error', () => {}); // refused until the server listens: retried
   await waitFor(async () => (await admin.ping().catch(() => null)) === 'PONG', 10000);
   const info = await admin.info('server');
+  // Our child, not another test's server that took the port first.
+  assert.match(info, new RegExp(`process_id:${server.pid}\\r\\n`));
   const name = /valkey_version:(\S+)/.exec(info)
     ? `valkey ${/valkey_version:(\S+)/.exec(info)[1]}`
     : `redis ${/redis_version:(\S+)/.exec(info)[1]}`;

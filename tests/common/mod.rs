@@ -107,16 +107,35 @@ impl Server {
             args,
             child: None,
         };
-        server.spawn(free_port());
+        server.spawn_on_a_free_port();
         server
     }
 
-    fn spawn(&mut self, port: u16) {
-        if let Err((status, log)) = self.try_spawn(port) {
-            match status {
-                Some(status) => panic!("redis-server exited ({status}); log:\n{log}"),
-                None => panic!("redis-server did not start; log:\n{log}"),
+    /// Another process (a server of a test running alongside) may take the
+    /// port between `free_port` and the server's bind: then another port.
+    fn spawn_on_a_free_port(&mut self) {
+        let mut retries = 4;
+        loop {
+            match self.try_spawn(free_port()) {
+                Ok(()) => return,
+                Err((Some(_), log)) if retries > 0 && log.contains("Address already in use") => {
+                    retries -= 1
+                }
+                Err(failure) => Self::failed_to_start(failure),
             }
+        }
+    }
+
+    fn spawn(&mut self, port: u16) {
+        if let Err(failure) = self.try_spawn(port) {
+            Self::failed_to_start(failure)
+        }
+    }
+
+    fn failed_to_start((status, log): (Option<std::process::ExitStatus>, String)) -> ! {
+        match status {
+            Some(status) => panic!("redis-server exited ({status}); log:\n{log}"),
+            None => panic!("redis-server did not start; log:\n{log}"),
         }
     }
 
@@ -159,10 +178,8 @@ impl Server {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(if valgrind() { 60 } else { 10 });
         loop {
-            if let Ok(mut c) = self.try_client() {
-                if cmd("PING").query::<String>(&mut c).is_ok() {
-                    return Ok(());
-                }
+            if self.answers_as_our_child() {
+                return Ok(());
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 self.child = None;
@@ -173,6 +190,23 @@ impl Server {
             }
             sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The server on our port answers PING (it has loaded its data), and it
+    /// is our child (not another test's server that took the port first).
+    fn answers_as_our_child(&self) -> bool {
+        let pid = self.child.as_ref().map(Child::id);
+        self.try_client()
+            .and_then(|mut c| {
+                cmd("PING").query::<String>(&mut c)?;
+                cmd("INFO").arg("server").query::<String>(&mut c)
+            })
+            .is_ok_and(|info| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+                    == pid
+            })
     }
 
     pub fn log(&self) -> String {

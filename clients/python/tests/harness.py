@@ -49,24 +49,43 @@ class Server:
         if not os.path.exists(MODULE):
             raise RuntimeError("%s is missing: run `cargo build --release`" % MODULE)
         self.dir = tempfile.mkdtemp(prefix="rlock-py-")
-        self.port = free_port()
         self.frozen = False
         self.log = open(os.path.join(self.dir, "server.log"), "w")
-        self.proc: Optional[subprocess.Popen[Any]] = subprocess.Popen(
-            [SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+        self.proc: Optional[subprocess.Popen[Any]] = None
+        _RUNNING.add(self)
+        # Another test's server may take the port between free_port() and
+        # the bind: then another port.
+        for _ in range(5):
+            if self._start_on(free_port(), extra):
+                return
+        self.stop()
+        raise RuntimeError("%s did not start (ports taken); log in %s" % (SERVER, self.dir))
+
+    def _start_on(self, port: int, extra: Any) -> bool:
+        """False when the port was taken; raises when the server fails otherwise."""
+        self.port = port
+        self.log.seek(0)
+        self.log.truncate()
+        self.proc = subprocess.Popen(
+            [SERVER, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.dir,
              "--save", "", "--appendonly", "no", "--loadmodule", MODULE, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
-        _RUNNING.add(self)
         deadline = time.monotonic() + 10
         while True:
             try:
-                if redis.Redis(port=self.port, socket_timeout=1).ping():
-                    return
+                # Our child answering, not a server that had the port first.
+                r = redis.Redis(port=port, socket_timeout=1)
+                if r.ping() and r.info("server").get("process_id") == self.proc.pid:
+                    return True
             except redis.ConnectionError:
                 pass
+            if self.proc.poll() is not None:
+                with open(os.path.join(self.dir, "server.log")) as f:
+                    if "Address already in use" in f.read():
+                        return False
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError("%s did not start on port %d" % (SERVER, self.port))
+                raise RuntimeError("%s did not start on port %d" % (SERVER, port))
             time.sleep(0.02)
 
     @property

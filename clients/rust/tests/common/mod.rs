@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -56,33 +56,55 @@ impl Server {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let port = free_port();
+        // Another test's server may take the port between `free_port` and the
+        // bind: then another port.
+        for _ in 0..5 {
+            if let Some(s) = Server::try_start(&dir, free_port()) {
+                return s;
+            }
+        }
+        panic!("{} found no free port", server_binary());
+    }
+
+    /// `None` when the port was taken; panics when the server fails otherwise.
+    fn try_start(dir: &Path, port: u16) -> Option<Server> {
+        // A failed try's drop removed the directory.
+        std::fs::create_dir_all(dir).unwrap();
         let log = std::fs::File::create(dir.join("server.log")).unwrap();
         let child = Command::new(server_binary())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
-            .arg(&dir)
+            .arg(dir)
             .args(["--save", "", "--appendonly", "no", "--loadmodule"])
             .arg(module_path())
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", server_binary()));
+        let pid = child.id();
         let mut s = Server {
             port,
-            dir,
+            dir: dir.to_path_buf(),
             child: Some(child),
             frozen: false,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(mut c) = s.client().get_connection() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return s;
-                }
+            // Our child answering, not a server that had the port first.
+            let info = s.client().get_connection().and_then(|mut c| {
+                redis::cmd("PING").query::<String>(&mut c)?;
+                redis::cmd("INFO").arg("server").query::<String>(&mut c)
+            });
+            if info.is_ok_and(|i| i.contains(&format!("process_id:{pid}\r\n"))) {
+                return Some(s);
             }
             if let Some(status) = s.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("{} exited ({status})", server_binary());
+                s.child = None;
+                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                if log.contains("Address already in use") {
+                    return None;
+                }
+                panic!("{} exited ({status}); log:\n{log}", server_binary());
             }
             assert!(
                 Instant::now() < deadline,
