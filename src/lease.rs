@@ -175,9 +175,9 @@ fn watch_at(ctx: *mut Ctx, db: i32, key: &[u8], due: i64) {
 ///
 /// # Safety
 /// `rdb` must be the IO context of the value being loaded.
-pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState) {
+pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState, now: i64) {
     let restored = !crate::role::is_loading();
-    let ended = state.earliest_deadline().is_some_and(|d| d < now_ms());
+    let ended = state.earliest_deadline().is_some_and(|d| d < now);
     if !(restored || ended || state.is_indexed()) {
         return;
     }

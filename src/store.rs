@@ -114,7 +114,9 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
 /// `RESTORE` with "Bad data format" and refuses an RDB file, with this log line.
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     crate::ffi::contained("rdb load", ptr::null_mut(), || {
-        let state = match load_state(rdb, encver) {
+        // One clock read per value: a load reads millions of them.
+        let now = now_ms();
+        let state = match load_state(rdb, encver, now) {
             Ok(state) => state,
             Err(why) => {
                 crate::ffi::log_warning(&format!("rlock: refused a lock value: {why}"));
@@ -122,18 +124,22 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             }
         };
         state.iter().for_each(|h| crate::token::observe(h.token));
-        crate::lease::loaded(rdb, &state);
+        crate::lease::loaded(rdb, &state, now);
         Box::into_raw(Box::new(LockValue::new(state))).cast()
     })
 }
 
-unsafe fn load_state(rdb: *mut raw::RedisModuleIO, encver: c_int) -> Result<LockState, String> {
+unsafe fn load_state(
+    rdb: *mut raw::RedisModuleIO,
+    encver: c_int,
+    now: i64,
+) -> Result<LockState, String> {
     let (kind, limit, holders) = match encver {
         ENCODING_VERSION => load_compact(rdb)?,
         FIELDS_VERSION => load_fields(rdb)?,
         _ => return Err(format!("unknown encoding version {encver}")),
     };
-    LockState::from_parts(kind, limit, holders, crate::token::max_accepted(now_ms()))
+    LockState::from_parts(kind, limit, holders, crate::token::max_accepted(now))
         .map_err(|e| e.trim_start_matches("ERR ").to_string())
 }
 
@@ -219,16 +225,16 @@ unsafe extern "C" fn aof_rewrite(
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     let v = &*(value as *const LockValue);
-    let holder = std::mem::size_of::<Holder>();
-    let owners: usize = v.state.iter().map(|h| h.owner.len()).sum();
-    // Indexed: each holder sits in three maps (by token, owner and deadline).
+    let heap_owners: usize = v.state.iter().map(|h| h.owner.heap_bytes()).sum();
+    // Indexed: each holder sits in three maps (by token, owner and deadline),
+    // its owner twice.
     let per_holder = if v.state.is_indexed() {
-        holder + 2 * 48
+        std::mem::size_of::<Holder>() + std::mem::size_of::<Owner>() + 2 * 16
     } else {
         0
     };
     std::mem::size_of::<LockValue>()
-        + owners * (1 + v.state.is_indexed() as usize)
+        + heap_owners * (1 + v.state.is_indexed() as usize)
         + per_holder * v.state.holder_count()
 }
 
