@@ -150,6 +150,12 @@ impl Server {
                 .arg("--show-leak-kinds=definite")
                 .arg("--soname-synonyms=somalloc=*jemalloc*")
                 .arg(format!(
+                    "--suppressions={}",
+                    Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("tests/valgrind.supp")
+                        .display()
+                ))
+                .arg(format!(
                     "--log-file={}",
                     self.dir.join(format!("valgrind-{port}-%p.log")).display()
                 ))
@@ -579,6 +585,23 @@ pub struct Sentinel {
 impl Sentinel {
     /// Monitors `master_port` on 127.0.0.1 as `name`.
     pub fn start(name: &str, master_port: u16, quorum: u32, down_after_ms: u64) -> Sentinel {
+        // Another test's process may take the port between `free_port` and
+        // the bind: then another port.
+        for _ in 0..5 {
+            if let Some(s) = Sentinel::try_start(name, master_port, quorum, down_after_ms) {
+                return s;
+            }
+        }
+        panic!("no free port for a sentinel");
+    }
+
+    /// `None` when its port was taken; panics when it fails otherwise.
+    fn try_start(
+        name: &str,
+        master_port: u16,
+        quorum: u32,
+        down_after_ms: u64,
+    ) -> Option<Sentinel> {
         let port = free_port();
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
             "sentinel-{}-{}",
@@ -610,17 +633,37 @@ impl Sentinel {
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {} --sentinel: {e}", server_binary()));
+        let pid = child.id();
         let mut s = Sentinel {
             port,
             dir,
             child: Some(child),
         };
-        wait_until(Duration::from_secs(10), || {
-            s.try_client()
-                .is_ok_and(|mut c| cmd("PING").query::<String>(&mut c).is_ok())
-        });
-        assert!(s.child.as_mut().unwrap().try_wait().unwrap().is_none());
-        s
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // Our child answering, not a process that had the port first.
+            let info = s.try_client().and_then(|mut c| {
+                cmd("PING").query::<String>(&mut c)?;
+                cmd("INFO").arg("server").query::<String>(&mut c)
+            });
+            if info.is_ok_and(|i| i.contains(&format!("process_id:{pid}\r\n"))) {
+                return Some(s);
+            }
+            if s.child.as_mut().unwrap().try_wait().unwrap().is_some() {
+                s.child = None;
+                let log = s.log();
+                if log.contains("Address already in use") {
+                    return None;
+                }
+                panic!("sentinel exited; log:\n{log}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sentinel did not start:\n{}",
+                s.log()
+            );
+            sleep(Duration::from_millis(20));
+        }
     }
 
     fn try_client(&self) -> redis::RedisResult<Connection> {
