@@ -219,11 +219,17 @@ fn targets(r: &Results) -> Vec<Target> {
                         Target {
                             id: ids[0],
                             what: format!("{fam} acquire vs `SET NX PX` (server µs/call)"),
-                            measured: vs_floor(
-                                nc.acquire(),
-                                fc.acquire(),
-                                a,
-                                plain.map(|p| nc.acquire_ratio(p)),
+                            measured: format!(
+                                "{}; main-thread CPU per acquire, all work: {} vs {} µs, {:.2}x",
+                                vs_floor(
+                                    nc.acquire(),
+                                    fc.acquire(),
+                                    a,
+                                    plain.map(|p| nc.acquire_ratio(p)),
+                                ),
+                                f2(crate::uncontended::median(&nc.acquire_cpu_us)),
+                                f2(crate::uncontended::median(&fc.acquire_cpu_us)),
+                                nc.acquire_cpu_ratio(fc)
                             ),
                             required: "≤ 1.2x",
                             status: status(a <= 1.2),
@@ -576,7 +582,13 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
              rounds, and every ratio (here and in the targets) is the median of the per-round \
              ratios, which compare measurements taken seconds apart under the same background \
              load. Lua scripts are called with EVALSHA; their time includes the commands they \
-             call. Servers run with `--appendonly no` and no replica, as specified: the \
+             call. `INFO commandstats` times the command alone: a module command builds its \
+             replicated effect inside that time (`RM_Replicate`), while Redis propagates a \
+             native command like `SET` after it, untimed. So the last two columns also give \
+             the server's main-thread CPU per acquire (`INFO cpu`, `used_cpu_user_main_thread` \
+             + `used_cpu_sys_main_thread`, over the same calls): everything the server did, on \
+             both sides, including reading requests, writing replies and feeding the replica \
+             link. The targets are judged on the commandstats time. Servers run with `--appendonly no` and no replica, as specified: the \
              module then builds no replicated effects (Redis would drop them); the rows marked \
              \"AOF on\" \
              (`appendonly yes`, `appendfsync no`) show the cost when effects are built and \
@@ -604,7 +616,7 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
         };
         let _ = writeln!(
             w,
-            "| lock | acquire µs/call | release µs/call | acquire vs SET NX PX | release vs CAD release | Lua acquire / native | Lua release / native |\n|---|---|---|---|---|---|---|"
+            "| lock | acquire µs/call | release µs/call | acquire vs SET NX PX | release vs CAD release | Lua acquire / native | Lua release / native | main-thread CPU µs per acquire | CPU per acquire vs SET NX PX |\n|---|---|---|---|---|---|---|---|---|"
         );
         let range = |v: &[f64]| -> String {
             let med = crate::uncontended::median(v);
@@ -617,12 +629,13 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
             }
         };
         for c in &r.costs {
-            let (vs_floor_a, vs_floor_r) = match floor_of(c.lock) {
+            let (vs_floor_a, vs_floor_r, cpu_vs_floor) = match floor_of(c.lock) {
                 Some(f) if c.lock != f.lock => (
                     format!("{:.2}x", c.acquire_ratio(f)),
                     format!("{:.2}x", c.release_ratio(f)),
+                    format!("{:.2}x", c.acquire_cpu_ratio(f)),
                 ),
-                _ => ("1x".into(), "1x".into()),
+                _ => ("1x".into(), "1x".into(), "1x".into()),
             };
             let (lua_a, lua_r) = match (
                 c.lock.imp,
@@ -636,10 +649,11 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
             };
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {vs_floor_a} | {vs_floor_r} | {lua_a} | {lua_r} |",
+                "| {} | {} | {} | {vs_floor_a} | {vs_floor_r} | {lua_a} | {lua_r} | {} | {cpu_vs_floor} |",
                 c.lock.label(),
                 range(&c.acquire_us),
-                range(&c.release_us)
+                range(&c.release_us),
+                range(&c.acquire_cpu_us)
             );
         }
     }

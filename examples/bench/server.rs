@@ -214,6 +214,21 @@ impl Server {
             .unwrap_or_else(|| panic!("INFO {section} has no integer field {field}"))
     }
 
+    /// CPU seconds of the server's main thread so far (`INFO cpu`): all its
+    /// work, command execution and what Redis does around it (reading requests,
+    /// writing replies, feeding the replica link and the AOF buffer).
+    pub fn main_thread_cpu(&self) -> f64 {
+        let cpu = self.info("cpu");
+        ["used_cpu_user_main_thread", "used_cpu_sys_main_thread"]
+            .iter()
+            .map(|f| {
+                cpu.get(*f)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("INFO cpu has no {f}"))
+            })
+            .sum()
+    }
+
     pub fn reset_stats(&self, c: &mut Conn) {
         let r = cmd!(c; "CONFIG", "RESETSTAT").expect("CONFIG RESETSTAT");
         assert!(!r.is_error(), "CONFIG RESETSTAT: {r:?}");

@@ -16,6 +16,12 @@ pub struct CallCost {
     /// Server µs per call, one value per round.
     pub acquire_us: Vec<f64>,
     pub release_us: Vec<f64>,
+    /// Main-thread CPU µs per call over the same calls, one value per round.
+    /// `INFO commandstats` times only the command itself: a module's effect is
+    /// built inside it (`RM_Replicate`), while Redis queues a native command's
+    /// own propagation after the timed part; this counts both sides' whole work.
+    pub acquire_cpu_us: Vec<f64>,
+    pub release_cpu_us: Vec<f64>,
 }
 
 /// Median over rounds of `a`'s time / `b`'s time in the same round (the rounds
@@ -32,6 +38,9 @@ impl CallCost {
     }
     pub fn release_ratio(&self, other: &CallCost) -> f64 {
         ratio(&self.release_us, &other.release_us)
+    }
+    pub fn acquire_cpu_ratio(&self, other: &CallCost) -> f64 {
+        ratio(&self.acquire_cpu_us, &other.acquire_cpu_us)
     }
     pub fn acquire(&self) -> f64 {
         median(&self.acquire_us)
@@ -120,8 +129,9 @@ pub fn start_servers(env: &Env, lock: Lock) -> (Server, Option<Server>) {
     (srv, replica)
 }
 
-/// Server time per call of one lock's acquire and release, on a fresh server.
-fn one_round(env: &Env, lock: Lock, calls: usize) -> (f64, f64) {
+/// Server time per call of one lock's acquire and release, on a fresh server:
+/// (acquire, release) by `INFO commandstats` and by main-thread CPU.
+fn one_round(env: &Env, lock: Lock, calls: usize) -> ((f64, f64), (f64, f64)) {
     let (srv, replica) = start_servers(env, lock);
     let mut c = srv.conn();
     env.scripts.load(&mut c);
@@ -147,13 +157,18 @@ fn one_round(env: &Env, lock: Lock, calls: usize) -> (f64, f64) {
         }
         usec as f64 / n as f64
     };
+    let cpu_per_call = |before: f64| (srv.main_thread_cpu() - before) * 1e6 / calls as f64;
     srv.reset_stats(&mut c);
+    let cpu = srv.main_thread_cpu();
     acquire_all(&mut c, &env.scripts, lock, &keys, &who, LEASE_MS, 500);
+    let acquire_cpu = cpu_per_call(cpu);
     let acquire = per_call(lock.acquire_stat());
     srv.reset_stats(&mut c);
+    let cpu = srv.main_thread_cpu();
     release_all(&mut c, &env.scripts, lock, &keys, &who, 500);
+    let release_cpu = cpu_per_call(cpu);
     let release = per_call(lock.release_stat());
-    (acquire, release)
+    ((acquire, release), (acquire_cpu, release_cpu))
 }
 
 /// Rounds are interleaved across locks so that a drift in background load
@@ -165,18 +180,22 @@ pub fn call_costs(env: &Env, locks: &[Lock]) -> Vec<CallCost> {
             lock,
             acquire_us: vec![],
             release_us: vec![],
+            acquire_cpu_us: vec![],
+            release_cpu_us: vec![],
         })
         .collect();
     for round in 0..env.cfg.cost_rounds {
         for cc in out.iter_mut() {
-            let (a, r) = one_round(env, cc.lock, env.cfg.cost_calls);
+            let ((a, r), (ac, rc)) = one_round(env, cc.lock, env.cfg.cost_calls);
             crate::progress(&format!(
-                "  round {} {:<44} acquire {a:6.2} us  release {r:6.2} us",
+                "  round {} {:<44} acquire {a:6.2} us  release {r:6.2} us  (main-thread CPU {ac:6.2} / {rc:6.2} us)",
                 round + 1,
                 cc.lock.label()
             ));
             cc.acquire_us.push(a);
             cc.release_us.push(r);
+            cc.acquire_cpu_us.push(ac);
+            cc.release_cpu_us.push(rc);
         }
     }
     out
