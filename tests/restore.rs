@@ -2045,6 +2045,11 @@ fn crashed(log: &str) -> bool {
     .any(|m| log.contains(m))
 }
 
+/// The module refused a value and Redis went on to check the file itself.
+fn redis_check_after_refusal(log: &str) -> bool {
+    log.contains("rlock: refused a lock value:") && log.contains("Internal error in RDB reading")
+}
+
 #[test]
 fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
     let started = Instant::now();
@@ -2165,6 +2170,17 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
         std::fs::write(&rdb_path, &file).unwrap();
         let what = format!("RDB with {label}: {verdict:?}");
         match s.try_start_again() {
+            // Redis 7.0's own redis-check-rdb pass, which it runs after a value
+            // was refused, can loop for ever on a cut module value
+            // (`rdbLoadCheckModuleValue` reading past the end); the module
+            // has refused the value by then. Not a hang of ours: ended here.
+            Err((None, log)) if redis_check_after_refusal(&log) => {
+                assert!(!must_load, "{what}: refused to start\n{log}");
+                s.kill();
+                outcomes.push(format!(
+                    "{label}: refused to start (then Redis's own RDB check did not finish)"
+                ));
+            }
             Err((status, log)) => {
                 assert!(!must_load, "{what}: refused to start\n{log}");
                 assert!(
