@@ -77,10 +77,10 @@ fn probe_process_id(port: u16) -> Option<u32> {
     let mut got = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        let text = String::from_utf8_lossy(&got);
-        if !"+PONG\r\n".starts_with(&text[..text.len().min(7)]) {
+        if !b"+PONG\r\n".starts_with(&got[..got.len().min(7)]) {
             return None; // -LOADING, or not a Redis server
         }
+        let text = String::from_utf8_lossy(&got);
         if let Some(rest) = text.split("process_id:").nth(1) {
             if let Some((id, _)) = rest.split_once("\r\n") {
                 return id.trim().parse().ok();
@@ -662,11 +662,7 @@ impl Sentinel {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             // Our child answering, not a process that had the port first.
-            let info = s.try_client().and_then(|mut c| {
-                cmd("PING").query::<String>(&mut c)?;
-                cmd("INFO").arg("server").query::<String>(&mut c)
-            });
-            if info.is_ok_and(|i| i.contains(&format!("process_id:{pid}\r\n"))) {
+            if probe_process_id(port) == Some(pid) {
                 return Some(s);
             }
             if s.child.as_mut().unwrap().try_wait().unwrap().is_some() {
