@@ -131,7 +131,7 @@ struct Schedule {
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
     /// Keys a `RESTORE` loaded a lock into, to watch once the command is over.
     restored: Vec<DbKey>,
-    /// Keys Redis expired, to report (stats, channel, keyspace event).
+    /// Keys Redis expired, whose keyspace event is still to fire.
     expired: Vec<(i32, Vec<u8>, Kind)>,
     /// The armed Redis timer and the time it fires at.
     timer: Option<(raw::RedisModuleTimerID, i64)>,
@@ -265,18 +265,32 @@ pub fn schedule_serve(ctx: *mut Ctx, db: i32, key: &[u8], if_absent: IfAbsent) {
     }
 }
 
-/// Reports, on the next turn of the event loop, the holds of a key that Redis
-/// expired (found in the unlink hook, where nothing may be published).
-pub fn schedule_expiry_report(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
-    with(|s| s.expired.push((db, key.to_vec(), kind)));
-    arm(ctx);
+/// Fires, about a millisecond later, the keyspace event of a key that Redis
+/// expired: it is found in the unlink hook, in the middle of Redis's delete,
+/// where other modules' keyspace subscribers must not run.
+pub fn schedule_expiry_event(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
+    let first = with(|s| {
+        s.expired.push((db, key.to_vec(), kind));
+        s.expired.len() == 1
+    });
+    if first {
+        arm(ctx);
+    }
 }
 
 fn next_due(s: &Schedule) -> Option<i64> {
-    if !s.serves.is_empty() || !s.expired.is_empty() || !s.restored.is_empty() {
+    if !s.serves.is_empty() || !s.restored.is_empty() {
         return Some(0);
     }
-    s.expiries.first_due()
+    // Keyspace events of expired keys come in storms (Redis's expire cycle
+    // removes ~20,000 keys in one go) and nothing waits on them: one slice per
+    // millisecond lets the event loop sleep in between, where a timer due at
+    // once would keep it spinning, and the server's core busy, until all are out.
+    let events = (!s.expired.is_empty()).then(|| now_ms() + 1);
+    match (events, s.expiries.first_due()) {
+        (Some(e), Some(d)) => Some(e.min(d)),
+        (e, d) => e.or(d),
+    }
 }
 
 /// (Re)arms the Redis timer for the earliest pending work.
@@ -368,7 +382,7 @@ fn run_slice(ctx: *mut Ctx) {
     ) && drain(
         &spent,
         || with(|s| s.expired.drain(..s.expired.len().min(BATCH)).collect()),
-        |(db, key, kind)| crate::notify::report_expiry(ctx, db, &key, kind),
+        |(db, key, kind)| crate::notify::expiry_event(ctx, db, &key, kind),
     );
 }
 

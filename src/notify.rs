@@ -115,9 +115,15 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
         // the lease ended: only a removal before the deadline is a deletion.
         let expired = v.state.latest_deadline().is_some_and(|d| d <= now_ms());
         if expired {
-            // Counted now; published on the next tick, outside Redis's delete path.
+            // Published at once, as Redis publishes its own `expired` event on
+            // its expire path: a deferred report would keep the event loop
+            // spinning through an expiry storm. The keyspace event waits for
+            // the next tick (see `lease::schedule_expiry_event`).
             stats::bump(&stats::LEASE_EXPIRATIONS, v.state.holder_count() as u64);
-            crate::lease::schedule_expiry_report(ctx, db, key, v.state.kind());
+            publish(ctx, db, key, EndReason::Expired);
+            if config::notify_keyspace() {
+                crate::lease::schedule_expiry_event(ctx, db, key, v.state.kind());
+            }
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
             let if_absent = if expired {
@@ -130,12 +136,10 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
     })
 }
 
-/// Publishes that a key's holds ended because Redis expired the key.
-pub fn report_expiry(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
-    if !crate::ffi::select_db(ctx, db) {
-        return;
+/// Fires the keyspace event of a key Redis expired.
+pub fn expiry_event(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
+    if crate::ffi::select_db(ctx, db) {
+        let keyname = OwnedStr::new(key);
+        keyspace(ctx, kind, Event::End(EndReason::Expired), keyname.ptr());
     }
-    publish(ctx, db, key, EndReason::Expired);
-    let keyname = OwnedStr::new(key);
-    keyspace(ctx, kind, Event::End(EndReason::Expired), keyname.ptr());
 }
