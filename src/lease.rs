@@ -23,7 +23,7 @@
 //! lets the event loop answer clients and continues on the next turn.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::raw::c_void;
 
 use redis_module::raw;
@@ -130,9 +130,9 @@ struct Schedule {
     expiries: Deadlines,
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
     /// Keys a `RESTORE` loaded a lock into, to watch once the command is over.
-    restored: Vec<DbKey>,
+    restored: VecDeque<DbKey>,
     /// Keys Redis expired, whose keyspace event is still to fire.
-    expired: Vec<(i32, Vec<u8>, Kind)>,
+    expired: VecDeque<(i32, Vec<u8>, Kind)>,
     /// The armed Redis timer and the time it fires at.
     timer: Option<(raw::RedisModuleTimerID, i64)>,
 }
@@ -202,7 +202,7 @@ pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState, now: i64) 
         // whose hook would remove an entry made now, leaving a lock whose
         // leases all ended in the keyspace. The timer looks at the key as the
         // command left it (`watch_restored`), on the next turn of the event loop.
-        with(|s| s.restored.push((db_of(rdb), key.into())));
+        with(|s| s.restored.push_back((db_of(rdb), key.into())));
         arm(ctx);
         return;
     }
@@ -270,7 +270,7 @@ pub fn schedule_serve(ctx: *mut Ctx, db: i32, key: &[u8], if_absent: IfAbsent) {
 /// where other modules' keyspace subscribers must not run.
 pub fn schedule_expiry_event(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
     let first = with(|s| {
-        s.expired.push((db, key.to_vec(), kind));
+        s.expired.push_back((db, key.to_vec(), kind));
         s.expired.len() == 1
     });
     if first {
