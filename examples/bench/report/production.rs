@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::{f2, not_run, num, status, Target};
 use crate::locks::Impl;
-use crate::persist::Persist;
+use crate::persist::{Persist, ROUNDS};
 use crate::readers::{OpCost, ReadersScale};
 use crate::server::Stall;
 use crate::Results;
@@ -535,8 +535,9 @@ pub fn render_persist(w: &mut String, r: &Results) {
         w,
         "{} keys on a fresh server, loaded as in (d) (lease 1 h): RLOCK locks, `SET PX` keys \
          on a server with the module, and `SET PX` keys on a server without it (Redis's own \
-         cost, the baseline of the targets). Then, on the same server: `SAVE` (round trip; \
-         size of `dump.rdb`); the AOF rewrite that `CONFIG SET appendonly yes` starts, with \
+         cost, the baseline of the targets). Then, on the same server (`SAVE` and the AOF \
+         rewrite are each run {ROUNDS} times and the median time is shown): \
+         `SAVE` (round trip; size of `dump.rdb`); the AOF rewrite that `CONFIG SET appendonly yes` starts, with \
          `aof-use-rdb-preamble no` (plain commands; from the command until `INFO persistence` \
          shows it finished, polled every ms, `hz 100` meanwhile so Redis notices the child \
          within 10 ms; size of the base file), then AOF off again; `DEBUG RELOAD` (round trip: \
