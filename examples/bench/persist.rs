@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use crate::locks::Lock;
 use crate::readers::{collect_replies, park_clients};
 use crate::scale::{load_locks, native_waiting, wait_until, LONG_LEASE_MS};
-use crate::uncontended::median;
 use crate::server::{Pinger, Server, Stall};
+use crate::uncontended::median;
 use crate::{cmd, Env};
 
 pub struct Persist {
