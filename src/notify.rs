@@ -19,11 +19,60 @@ pub fn publish(ctx: *mut Ctx, db: i32, key: &[u8], reason: EndReason) {
     if !config::notify_channel() {
         return;
     }
-    let mut channel = format!("__rlock@{db}__:").into_bytes();
-    channel.extend_from_slice(key);
-    let channel = OwnedStr::new(&channel);
-    let message = OwnedStr::new(reason.word().as_bytes());
-    unsafe { api!(RedisModule_PublishMessage)(ctx, channel.ptr(), message.ptr()) };
+    let channel = CHANNEL.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        buf.extend_from_slice(b"__rlock@");
+        push_decimal(&mut buf, db);
+        buf.extend_from_slice(b"__:");
+        buf.extend_from_slice(key);
+        OwnedStr::new(&buf)
+    });
+    unsafe { api!(RedisModule_PublishMessage)(ctx, channel.ptr(), message(reason)) };
+}
+
+thread_local! {
+    /// The channel name is built here: every release and every expiry publishes.
+    static CHANNEL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn push_decimal(out: &mut Vec<u8>, n: i32) {
+    let mut digits = [0u8; 11];
+    let mut at = digits.len();
+    let mut v = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// The message for `reason`, created once and kept: Redis copies a published
+/// message into each subscriber's reply, so one string serves every publish.
+fn message(reason: EndReason) -> *mut RStr {
+    static MESSAGES: [AtomicPtr<RStr>; 3] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
+    let slot = &MESSAGES[match reason {
+        EndReason::Released => 0,
+        EndReason::Expired => 1,
+        EndReason::Forced => 2,
+    }];
+    let kept = slot.load(Ordering::Relaxed);
+    if !kept.is_null() {
+        return kept;
+    }
+    let word = reason.word();
+    let created = unsafe {
+        api!(RedisModule_CreateString)(std::ptr::null_mut(), word.as_ptr().cast(), word.len())
+    };
+    slot.store(created, Ordering::Relaxed);
+    created
 }
 
 /// What happened to a lock, as a keyspace event.
@@ -141,5 +190,19 @@ pub fn expiry_event(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
     if crate::ffi::select_db(ctx, db) {
         let keyname = OwnedStr::new(key);
         keyspace(ctx, kind, Event::End(EndReason::Expired), keyname.ptr());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_decimal;
+
+    #[test]
+    fn channel_database_numbers_are_written_in_decimal() {
+        for n in [0, 7, 15, 10, 1_000, i32::MAX, -1, i32::MIN] {
+            let mut out = b"x".to_vec();
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}").into_bytes());
+        }
     }
 }
