@@ -102,3 +102,70 @@ fn a_hundred_thousand_leases_with_one_deadline() {
     assert_eq!(stat(&mut c, "wait_timeouts"), 0);
     assert_eq!(stat(&mut c, "lease_schedule"), 0);
 }
+
+/// The `expired` messages are published as Redis removes each key, and the
+/// keyspace events follow from a queue the lease timer drains in short
+/// slices: through a storm, each of them still comes exactly once per key.
+#[test]
+fn every_lease_ending_in_a_storm_is_published_and_notified_once() {
+    const LOCKS: usize = 20_000;
+    let s = Server::start_with(
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--notify-keyspace-events",
+            "Ed",
+        ],
+        &[],
+    );
+    let mut c = s.client();
+    let mut sub = s.client();
+    sub.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.psubscribe("__rlock@0__:*").unwrap();
+    ps.subscribe("__keyevent@0__:rlock.expire").unwrap();
+    let deadline = unix_ms() + 2000;
+    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(1000) {
+        let px = deadline - unix_ms();
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("RLOCK.ACQUIRE")
+                .arg(format!("k{i}"))
+                .arg("holder")
+                .arg("PX")
+                .arg(px);
+        }
+        let _: Vec<i64> = p.query(&mut c).unwrap();
+    }
+    assert!(unix_ms() < deadline - 500, "loading took too long to test");
+    let mut published = vec![0u32; LOCKS];
+    let mut notified = vec![0u32; LOCKS];
+    let index = |key: &str| -> usize { key.trim_start_matches('k').parse().unwrap() };
+    for _ in 0..2 * LOCKS {
+        let m = ps
+            .get_message()
+            .expect("every ending is reported within 10 s");
+        let payload: String = m.get_payload().unwrap();
+        match m.get_channel_name() {
+            "__keyevent@0__:rlock.expire" => notified[index(&payload)] += 1,
+            channel => {
+                let key = channel
+                    .strip_prefix("__rlock@0__:")
+                    .expect("a lock channel");
+                assert_eq!(payload, "expired", "{channel}");
+                published[index(key)] += 1;
+            }
+        }
+    }
+    assert!(unix_ms() > deadline, "a report came before the deadline");
+    assert!(published.iter().all(|&n| n == 1), "channel: {published:?}");
+    assert!(notified.iter().all(|&n| n == 1), "keyspace: {notified:?}");
+    // Nothing more comes after the one of each.
+    ps.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(ps.get_message().is_err(), "a report came twice");
+    assert_eq!(stat(&mut c, "lease_expirations"), LOCKS as i64);
+    assert_eq!(int(&mut c, &["DBSIZE"]), 0);
+}
