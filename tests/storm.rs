@@ -11,6 +11,23 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// Keys `k0`.. each locked by "holder" with a lease ending at `deadline` (unix
+/// ms): `PX` is computed per pipelined batch of 1,000.
+fn lease_until(c: &mut redis::Connection, locks: usize, deadline: i64) {
+    for chunk in (0..locks).collect::<Vec<_>>().chunks(1000) {
+        let px = deadline - unix_ms();
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("RLOCK.ACQUIRE")
+                .arg(format!("k{i}"))
+                .arg("holder")
+                .arg("PX")
+                .arg(px);
+        }
+        let _: Vec<i64> = p.query(c).unwrap();
+    }
+}
+
 #[test]
 fn a_hundred_thousand_leases_with_one_deadline() {
     const LOCKS: usize = 100_000;
@@ -21,18 +38,7 @@ fn a_hundred_thousand_leases_with_one_deadline() {
     );
     let mut c = s.client();
     let deadline = unix_ms() + 4000;
-    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(1000) {
-        let px = deadline - unix_ms();
-        let mut p = redis::pipe();
-        for i in chunk {
-            p.cmd("RLOCK.ACQUIRE")
-                .arg(format!("k{i}"))
-                .arg("holder")
-                .arg("PX")
-                .arg(px);
-        }
-        let _: Vec<i64> = p.query(&mut c).unwrap();
-    }
+    lease_until(&mut c, LOCKS, deadline);
     assert!(unix_ms() < deadline - 1000, "loading took too long to test");
     // Two waiters on each of the first keys, parked in a known order; each
     // holds for 300 ms once granted, so the second gets the lock when the
@@ -127,18 +133,7 @@ fn every_lease_ending_in_a_storm_is_published_and_notified_once() {
     ps.psubscribe("__rlock@0__:*").unwrap();
     ps.subscribe("__keyevent@0__:rlock.expire").unwrap();
     let deadline = unix_ms() + 2000;
-    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(1000) {
-        let px = deadline - unix_ms();
-        let mut p = redis::pipe();
-        for i in chunk {
-            p.cmd("RLOCK.ACQUIRE")
-                .arg(format!("k{i}"))
-                .arg("holder")
-                .arg("PX")
-                .arg(px);
-        }
-        let _: Vec<i64> = p.query(&mut c).unwrap();
-    }
+    lease_until(&mut c, LOCKS, deadline);
     assert!(unix_ms() < deadline - 500, "loading took too long to test");
     let mut published = vec![0u32; LOCKS];
     let mut notified = vec![0u32; LOCKS];
