@@ -16,14 +16,21 @@
 use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 
+/// Owners are numbered as they first appear (nodes), so that edges, the
+/// search and the components work on numbers: a check that builds the graph
+/// of a long queue hashes and copies each owner once, not at every step.
 #[derive(Default, Debug)]
 pub struct WaitFor {
-    /// owner -> (owner it waits for, the waiter whose wait it is)
-    edges: HashMap<Vec<u8>, Vec<(Vec<u8>, u64)>>,
-    /// waiter id -> its owner
-    owners: HashMap<u64, Vec<u8>>,
-    /// owner -> its strongly connected component, computed on first use.
-    components: OnceCell<HashMap<Vec<u8>, usize>>,
+    /// node -> owner name
+    names: Vec<Vec<u8>>,
+    /// owner name -> node
+    nodes: HashMap<Vec<u8>, usize>,
+    /// node -> (node it waits for, the waiter whose wait it is)
+    edges: Vec<Vec<(usize, u64)>>,
+    /// waiter id -> its owner's node
+    owners: HashMap<u64, usize>,
+    /// node -> its strongly connected component, computed on first use.
+    components: OnceCell<Vec<usize>>,
 }
 
 /// A cycle through a waiter: the waiter to answer (the one on the cycle that
@@ -39,60 +46,68 @@ impl WaitFor {
     /// Waiter `waiter` of `from` waits for `to` (self-waits are ignored).
     pub fn add(&mut self, waiter: u64, from: &[u8], to: &[u8]) {
         self.components = OnceCell::new();
-        self.owners.entry(waiter).or_insert_with(|| from.to_vec());
+        let from_node = self.node(from);
+        self.owners.entry(waiter).or_insert(from_node);
         if from != to {
-            self.edges
-                .entry(from.to_vec())
-                .or_default()
-                .push((to.to_vec(), waiter));
+            let to_node = self.node(to);
+            self.edges[from_node].push((to_node, waiter));
         }
+    }
+
+    fn node(&mut self, owner: &[u8]) -> usize {
+        if let Some(&n) = self.nodes.get(owner) {
+            return n;
+        }
+        let n = self.names.len();
+        self.names.push(owner.to_vec());
+        self.nodes.insert(owner.to_vec(), n);
+        self.edges.push(Vec::new());
+        n
     }
 
     /// Forgets a waiter's edges (it was answered).
     pub fn remove_waiter(&mut self, waiter: u64) {
         self.components = OnceCell::new();
-        if let Some(owner) = self.owners.remove(&waiter) {
-            if let Some(list) = self.edges.get_mut(&owner) {
-                list.retain(|(_, w)| *w != waiter);
-            }
+        if let Some(node) = self.owners.remove(&waiter) {
+            self.edges[node].retain(|(_, w)| *w != waiter);
         }
     }
 
     /// A cycle that one of `waiter`'s own waits is part of, if any.
     pub fn cycle_through(&self, waiter: u64) -> Option<Cycle> {
-        let start = self.owners.get(&waiter)?;
+        let start = *self.owners.get(&waiter)?;
         let comp = self.components.get_or_init(|| self.strong_components());
-        let home = comp.get(start)?;
-        let mut firsts = self
-            .edges
-            .get(start)?
+        let home = comp[start];
+        let mut firsts = self.edges[start]
             .iter()
-            .filter(|(to, w)| *w == waiter && comp.get(to) == Some(home))
+            .filter(|(to, w)| *w == waiter && comp[*to] == home)
             .peekable();
         firsts.peek()?;
         let mut seen = HashSet::new();
-        for (next, _) in firsts {
+        for &(next, _) in firsts {
             // Depth-first search from `next` back to `start`, iteratively.
-            let mut path: Vec<(&[u8], u64)> = vec![(start, waiter)];
-            let mut stack: Vec<(&[u8], u64, usize)> = vec![(next, waiter, path.len())];
+            let mut path: Vec<(usize, u64)> = vec![(start, waiter)];
+            let mut stack: Vec<(usize, u64, usize)> = vec![(next, waiter, path.len())];
             while let Some((node, via, depth)) = stack.pop() {
                 path.truncate(depth);
-                if node == start.as_slice() {
+                if node == start {
                     let victim = path.iter().map(|(_, w)| *w).chain([via]).max()?;
-                    let mut owners: Vec<Vec<u8>> = path.iter().map(|(o, _)| o.to_vec()).collect();
-                    owners.push(start.clone());
+                    let mut owners: Vec<Vec<u8>> =
+                        path.iter().map(|(n, _)| self.names[*n].clone()).collect();
+                    owners.push(self.names[start].clone());
+                    let first = &self.names[*self.owners.get(&victim)?];
                     return Some(Cycle {
                         victim,
-                        owners: rotate_to(owners, self.owners.get(&victim)?),
+                        owners: rotate_to(owners, first),
                     });
                 }
                 if !seen.insert(node) {
                     continue;
                 }
                 path.push((node, via));
-                for (to, w) in self.edges.get(node).into_iter().flatten() {
-                    if comp.get(to) == Some(home) {
-                        stack.push((to, *w, path.len()));
+                for &(to, w) in &self.edges[node] {
+                    if comp[to] == home {
+                        stack.push((to, w, path.len()));
                     }
                 }
             }
@@ -102,29 +117,9 @@ impl WaitFor {
 }
 
 impl WaitFor {
-    /// Tarjan's algorithm, iterative: owner -> component number.
-    fn strong_components(&self) -> HashMap<Vec<u8>, usize> {
-        let nodes: Vec<&Vec<u8>> = self
-            .edges
-            .iter()
-            .flat_map(|(from, list)| std::iter::once(from).chain(list.iter().map(|(to, _)| to)))
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        let index_of: HashMap<&Vec<u8>, usize> =
-            nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-        let succ: Vec<Vec<usize>> = nodes
-            .iter()
-            .map(|n| {
-                self.edges
-                    .get(*n)
-                    .into_iter()
-                    .flatten()
-                    .map(|(to, _)| index_of[to])
-                    .collect()
-            })
-            .collect();
-        let n = nodes.len();
+    /// Tarjan's algorithm, iterative: node -> component number.
+    fn strong_components(&self) -> Vec<usize> {
+        let n = self.names.len();
         let (mut index, mut low, mut comp) = (vec![usize::MAX; n], vec![0; n], vec![usize::MAX; n]);
         let (mut on_stack, mut stack, mut next, mut comps) = (vec![false; n], Vec::new(), 0, 0);
         for root in 0..n {
@@ -141,7 +136,7 @@ impl WaitFor {
                     stack.push(v);
                     on_stack[v] = true;
                 }
-                if let Some(&w) = succ[v].get(*i) {
+                if let Some(&(w, _)) = self.edges[v].get(*i) {
                     *i += 1;
                     if index[w] == usize::MAX {
                         work.push((w, 0));
@@ -166,11 +161,7 @@ impl WaitFor {
                 }
             }
         }
-        nodes
-            .into_iter()
-            .zip(comp)
-            .map(|(node, c)| (node.clone(), c))
-            .collect()
+        comp
     }
 }
 
