@@ -3,6 +3,7 @@
 //! (its TTL, which is the latest lease deadline, ran out; or DEL, RENAME...).
 
 use std::ffi::CStr;
+use std::io::Write;
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -22,9 +23,7 @@ pub fn publish(ctx: *mut Ctx, db: i32, key: &[u8], reason: EndReason) {
     let channel = CHANNEL.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
-        buf.extend_from_slice(b"__rlock@");
-        push_decimal(&mut buf, db);
-        buf.extend_from_slice(b"__:");
+        let _ = write!(buf, "__rlock@{db}__:");
         buf.extend_from_slice(key);
         OwnedStr::new(&buf)
     });
@@ -34,24 +33,6 @@ pub fn publish(ctx: *mut Ctx, db: i32, key: &[u8], reason: EndReason) {
 thread_local! {
     /// The channel name is built here: every release and every expiry publishes.
     static CHANNEL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-fn push_decimal(out: &mut Vec<u8>, n: i32) {
-    let mut digits = [0u8; 11];
-    let mut at = digits.len();
-    let mut v = n.unsigned_abs();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    if n < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// The message for `reason`, created once and kept: Redis copies a published
@@ -190,19 +171,5 @@ pub fn expiry_event(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
     if crate::ffi::select_db(ctx, db) {
         let keyname = OwnedStr::new(key);
         keyspace(ctx, kind, Event::End(EndReason::Expired), keyname.ptr());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::push_decimal;
-
-    #[test]
-    fn channel_database_numbers_are_written_in_decimal() {
-        for n in [0, 7, 15, 10, 1_000, i32::MAX, -1, i32::MIN] {
-            let mut out = b"x".to_vec();
-            push_decimal(&mut out, n);
-            assert_eq!(out, format!("x{n}").into_bytes());
-        }
     }
 }
