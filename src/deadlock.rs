@@ -12,7 +12,7 @@ use crate::config;
 use crate::ffi::{now_ms, select_db, Ctx, Key, OwnedStr};
 use crate::lock::{Cycle, WaitFor};
 use crate::stats;
-use crate::store::{lock_type, LockValue};
+use crate::store::lock_at;
 
 pub fn on_cron(ctx: *mut Ctx) {
     let check_ms = config::deadlock_check_ms();
@@ -67,8 +67,8 @@ fn holders(ctx: *mut Ctx, db: i32, key: &[u8], now: i64) -> Vec<Vec<u8>> {
     }
     let name = OwnedStr::new(key);
     let key = Key::open(ctx, name.ptr(), false);
-    match key.module_value::<LockValue>(lock_type()) {
-        Ok(Some(v)) => unsafe { &(*v).state }
+    match lock_at(&key) {
+        Ok(Some(v)) => unsafe { v.state() }
             .iter()
             .filter(|h| h.deadline >= now)
             .map(|h| h.owner.to_vec())

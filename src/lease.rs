@@ -216,8 +216,8 @@ fn watch_restored(ctx: *mut Ctx, db: i32, key: &[u8]) {
     }
     let name = crate::ffi::OwnedStr::new(key);
     let k = crate::ffi::Key::open(ctx, name.ptr(), false);
-    let earliest = match k.module_value::<crate::store::LockValue>(crate::store::lock_type()) {
-        Ok(Some(v)) => unsafe { &*v }.state.earliest_deadline(),
+    let earliest = match crate::store::lock_at(&k) {
+        Ok(Some(v)) => unsafe { v.state() }.earliest_deadline(),
         _ => None,
     };
     drop(k);

@@ -231,3 +231,95 @@ fn aof_switched_on_at_run_time_records_later_changes() {
     let info = info_map(&mut c, &["RLOCK.INFO", "early"]).unwrap();
     assert_eq!(as_int(&field(&info, "holds")), 2);
 }
+
+/// The owner of a lock exactly as INFO gives it back (binary-safe).
+fn owner_of(c: &mut Connection, cmd_name: &str, key: &str) -> Vec<u8> {
+    let info = info_map(c, &[cmd_name, key]).expect("held");
+    match field(&info, "owner") {
+        Value::BulkString(bytes) => bytes,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A one-holder lock is kept packed when its owner is short or Redisson's
+/// `<uuid>:<threadId>` (store.rs, lock/compact.rs). Every owner must come
+/// back byte for byte, in every form and across every path: a replica, a
+/// reload, a second holder joining (the lock outgrows its packed form) and
+/// leaving.
+#[test]
+fn packed_and_unpacked_locks_keep_their_exact_owners() {
+    let uuid = "0f3c2a9e-7b1d-4e5f-a6b7-c8d9e0f1a2b3";
+    let upper = uuid.to_uppercase();
+    let owners: Vec<String> = vec![
+        format!("{uuid}:1"),
+        format!("{uuid}:0"),
+        format!("{uuid}:18446744073709551615"),
+        // Not canonical: kept as they are, unpacked.
+        format!("{uuid}:01"),
+        format!("{uuid}:18446744073709551616"),
+        format!("{upper}:1"),
+        "a".into(),
+        "x".repeat(24),
+        "x".repeat(25),
+        "\u{0}\r\n".into(),
+    ];
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    for (i, owner) in owners.iter().enumerate() {
+        int(
+            &mut m,
+            &["RLOCK.ACQUIRE", &format!("r{i}"), owner, "PX", "600000"],
+        );
+        int(
+            &mut m,
+            &["RLOCK.ACQUIRE", &format!("r{i}"), owner, "PX", "500000"],
+        );
+        // A read lock that grows to two holders and shrinks back to one.
+        let rw = format!("rw{i}");
+        int(
+            &mut m,
+            &["RWLOCK.ACQUIRE", &rw, "READ", owner, "PX", "600000"],
+        );
+        int(
+            &mut m,
+            &["RWLOCK.ACQUIRE", &rw, "READ", "other", "PX", "600000"],
+        );
+        int(&mut m, &["RWLOCK.RELEASE", &rw, "READ", "other"]);
+    }
+    let acked: i64 = cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(acked, 1);
+    let before = digest(&mut m);
+    assert_eq!(digest(&mut r), before, "the replica differs");
+    let _: () = cmd("DEBUG").arg("RELOAD").query(&mut m).unwrap();
+    assert_eq!(digest(&mut m), before, "a reload changed the dataset");
+    for (i, owner) in owners.iter().enumerate() {
+        for c in [&mut m, &mut r] {
+            assert_eq!(
+                owner_of(c, "RLOCK.INFO", &format!("r{i}")),
+                owner.as_bytes()
+            );
+            let info = info_map(c, &["RWLOCK.INFO", &format!("rw{i}")]).unwrap();
+            assert_eq!(as_int(&field(&info, "reader_count")), 1, "{owner}");
+        }
+        // The owner must match byte for byte to release.
+        assert_eq!(int(&mut m, &["RLOCK.RELEASE", &format!("r{i}"), owner]), 1);
+        assert_eq!(int(&mut m, &["RLOCK.RELEASE", &format!("r{i}"), owner]), 0);
+        int(
+            &mut m,
+            &["RWLOCK.RELEASE", &format!("rw{i}"), "READ", owner],
+        );
+    }
+    assert_eq!(int(&mut m, &["DBSIZE"]), 0);
+    let acked: i64 = cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(acked, 1);
+    assert_eq!(int(&mut r, &["DBSIZE"]), 0);
+
+    // Packed is smaller: a Redisson owner against a 25-byte one.
+    int(&mut m, &["RLOCK.ACQUIRE", "packed", &owners[0]]);
+    int(&mut m, &["RLOCK.ACQUIRE", "full", &owners[8]]);
+    let packed = int(&mut m, &["MEMORY", "USAGE", "packed"]);
+    let full = int(&mut m, &["MEMORY", "USAGE", "full"]);
+    assert!(packed < full, "packed {packed} vs unpacked {full} bytes");
+}

@@ -5,20 +5,20 @@
 use crate::blocking;
 use crate::ffi::{bytes, now_ms, selected_db, Ctx, Key, RStr, Reply};
 use crate::lock::{err, Holder, Kind};
-use crate::store::{lock_type, LockValue};
+use crate::store::lock_at;
 
 pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> Reply {
     let key = Key::open(ctx, keyname, false);
-    let value = match key.module_value::<LockValue>(lock_type()) {
+    let state = match lock_at(&key) {
         Err(()) => return Reply::err(err::WRONGTYPE),
         Ok(None) => return Reply::Null,
-        Ok(Some(v)) => unsafe { &*v },
+        Ok(Some(v)) => unsafe { v.state() },
     };
-    if value.state.kind() != kind {
+    if state.kind() != kind {
         return Reply::err(err::WRONGTYPE);
     }
     let now = now_ms();
-    let live = || value.state.iter().filter(|h| h.deadline >= now);
+    let live = || state.iter().filter(|h| h.deadline >= now);
     let Some(first) = live().next() else {
         return Reply::Null;
     };
@@ -63,10 +63,10 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
             Reply::Map(fields)
         }
         Kind::Semaphore => {
-            let limit = value.state.limit() as i64;
+            let limit = state.limit() as i64;
             let used: i64 = live().map(|h| h.reads as i64).sum();
             let holders = live().take(count).map(|h| entry(h, "permits")).collect();
-            let latest = value.state.latest_deadline().unwrap_or(now);
+            let latest = state.latest_deadline().unwrap_or(now);
             Reply::Map(vec![
                 ("kind", Reply::Bulk(kind.name().into())),
                 ("limit", Reply::Int(limit)),
@@ -83,7 +83,7 @@ pub fn describe(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, count: usize) -> 
             let readers = || live().filter(|h| h.reads > 0);
             let reader_count = readers().count() as i64;
             let listed = readers().take(count).map(|h| entry(h, "holds")).collect();
-            let latest = value.state.latest_deadline().unwrap_or(now);
+            let latest = state.latest_deadline().unwrap_or(now);
             Reply::Map(vec![
                 ("kind", Reply::Bulk(kind.name().into())),
                 (

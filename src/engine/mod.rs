@@ -19,10 +19,10 @@ pub use multi::{acquire_all, release_all, renew_all};
 use crate::blocking;
 use crate::ffi::{api, bytes, now_ms, select_db, selected_db, Ctx, Key, OwnedStr, RStr, Reply};
 use crate::lease::IfAbsent;
-use crate::lock::{err, Admission, Delta, EndReason, Kind, LockState, Mode, Op, Served};
+use crate::lock::{err, Admission, Compact, Delta, EndReason, Kind, LockState, Mode, Op, Served};
 use crate::notify;
 use crate::stats;
-use crate::store::{lock_type, LockValue};
+use crate::store::{self, Form, Stored};
 use crate::token;
 
 pub enum Action<'a> {
@@ -112,15 +112,17 @@ impl Change {
 }
 
 enum Slot {
-    Existing(*mut LockValue),
+    Existing(*mut LockState),
+    /// A packed lock, unpacked for the change and packed back in `commit`.
+    Unpacked(*mut Compact, LockState),
     Fresh(LockState),
 }
 
 impl Slot {
     fn state(&mut self) -> &mut LockState {
         match self {
-            Slot::Existing(p) => unsafe { &mut (**p).state },
-            Slot::Fresh(s) => s,
+            Slot::Existing(p) => unsafe { &mut **p },
+            Slot::Unpacked(_, s) | Slot::Fresh(s) => s,
         }
     }
 }
@@ -197,15 +199,13 @@ fn open<'a>(
     // Opening may make Redis expire the key (its TTL is the latest deadline);
     // the type's unlink hook (notify::on_unlink) then records that expiry.
     let key = Key::open(ctx, keyname, true);
-    let existing = match key.module_value::<LockValue>(lock_type()) {
+    let existing = match store::lock_at(&key) {
         Err(()) => return Err(Reply::err(err::WRONGTYPE)),
         Ok(v) => v,
     };
     let kind = match (existing, wanted) {
-        (Some(v), Some(k)) if unsafe { (*v).state.kind() } != k => {
-            return Err(Reply::err(err::WRONGTYPE))
-        }
-        (Some(v), _) => unsafe { (*v).state.kind() },
+        (Some(v), Some(k)) if unsafe { v.kind() } != k => return Err(Reply::err(err::WRONGTYPE)),
+        (Some(v), _) => unsafe { v.kind() },
         (None, Some(k)) => k,
         // Serving, or the lease timer found that Redis had just expired the
         // key itself (its TTL is the latest deadline): hand it to the first
@@ -215,8 +215,9 @@ fn open<'a>(
             None => return Err(Reply::Null),
         },
     };
-    let slot = match existing {
-        Some(p) => Slot::Existing(p),
+    let slot = match existing.map(Stored::form) {
+        Some(Form::Full(p)) => Slot::Existing(p),
+        Some(Form::Packed(c)) => Slot::Unpacked(c, unsafe { (*c).unpack() }),
         None => Slot::Fresh(LockState::new(kind)),
     };
     Ok(Opened {
@@ -437,23 +438,35 @@ enum Origin {
 fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     let (key, keyname, db, name, kind) = (&o.key, o.keyname, o.db, o.name, o.kind);
     let change = &o.change;
-    let value: Option<*mut LockValue> = match &mut o.slot {
-        Slot::Existing(p) if change.dirty && unsafe { (**p).state.is_free() } => {
-            crate::lease::unwatch(db, name);
-            unsafe { api!(RedisModule_DeleteKey)(key.raw) };
-            None
-        }
-        Slot::Existing(p) => Some(*p),
-        Slot::Fresh(state) if state.is_free() => None,
-        Slot::Fresh(state) => {
-            let state = std::mem::replace(state, LockState::new(kind));
-            let p = Box::into_raw(Box::new(LockValue::new(state)));
-            unsafe { api!(RedisModule_ModuleTypeSetValue)(key.raw, lock_type(), p.cast()) };
-            Some(p)
-        }
+    let gone = match &o.slot {
+        Slot::Existing(p) => change.dirty && unsafe { (**p).is_free() },
+        // A packed lock always had a holder.
+        Slot::Unpacked(_, state) => state.is_free(),
+        Slot::Fresh(_) => false,
     };
-    if let Some(p) = value {
-        let state = unsafe { &(*p).state };
+    if gone {
+        // The unlink hook must read the value as free (a release, not a
+        // deletion under its holder).
+        if let Slot::Unpacked(block, _) = o.slot {
+            unsafe { (*block).clear() };
+        }
+        crate::lease::unwatch(db, name);
+        unsafe { api!(RedisModule_DeleteKey)(key.raw) };
+    }
+    let state: Option<&LockState> = match &mut o.slot {
+        _ if gone => None,
+        Slot::Existing(p) => Some(unsafe { &**p }),
+        Slot::Unpacked(block, state) => match unsafe { store::repack(key, *block, state) } {
+            Some(full) => Some(unsafe { &*full }),
+            None => Some(state),
+        },
+        Slot::Fresh(state) if state.is_free() => None,
+        Slot::Fresh(state) => match unsafe { store::put(key, state) } {
+            Some(full) => Some(unsafe { &*full }),
+            None => Some(state),
+        },
+    };
+    if let Some(state) = state {
         if change.dirty || origin != Origin::Local {
             if let Some(latest) = state.latest_deadline() {
                 unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) };

@@ -4,6 +4,7 @@
 //! One `LockState` serves every family; the family (`Kind`) only changes
 //! which requests are compatible with the current holders (`LockState::admit`).
 
+mod compact;
 pub mod delta;
 pub mod encoding;
 mod owner;
@@ -11,6 +12,7 @@ mod queue;
 mod state;
 mod waitfor;
 
+pub use compact::Compact;
 pub use delta::{Delta, Op};
 pub use owner::Owner;
 pub use queue::{Served, WaitQueue, Waiter};

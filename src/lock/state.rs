@@ -170,6 +170,14 @@ impl LockState {
         }
     }
 
+    /// The holder of a lock with exactly one.
+    pub fn only_holder(&self) -> Option<&Holder> {
+        match &self.holders {
+            Holders::One(h) => Some(h),
+            _ => None,
+        }
+    }
+
     pub fn holder(&self, owner: &[u8]) -> Option<&Holder> {
         match &self.holders {
             Holders::One(h) if *h.owner == *owner => Some(h),
@@ -432,6 +440,15 @@ impl LockState {
                 Some(removed)
             }
             _ => None,
+        }
+    }
+
+    /// A packed lock's state (`Compact`): it was a whole state when packed.
+    pub(super) fn with_holder(kind: Kind, limit: u32, holder: Holder) -> LockState {
+        LockState {
+            kind,
+            limit,
+            holders: Holders::One(holder),
         }
     }
 
