@@ -71,11 +71,6 @@ impl Compact {
         Kind::from_code(self.kind.into()).expect("packed from a Kind")
     }
 
-    /// The holder's deadline: the lock's earliest and latest.
-    pub fn deadline(&self) -> i64 {
-        self.deadline
-    }
-
     fn owner(&self) -> Owner {
         if self.owner_form != UUID_THREAD {
             return Owner::new(&self.owner[..self.owner_form as usize]);
@@ -213,7 +208,6 @@ mod tests {
                     String::from_utf8_lossy(owner)
                 );
                 assert_eq!(packed.kind(), kind);
-                assert_eq!(packed.deadline(), 1_700_000_000_123);
             }
         }
     }
