@@ -61,7 +61,13 @@ fn mixed_changes(n: usize, seed: u64) -> Vec<Vec<String>> {
     };
     (0..n)
         .map(|_| {
-            let owner = format!("reader-{}", rnd(600));
+            // Half the owners in Redisson's `<uuid>:<threadId>` form, which a
+            // one-holder lock keeps packed (lock/compact.rs).
+            let id = rnd(600);
+            let owner = match id % 2 {
+                0 => format!("6b1c0d2e-3f4a-4b5c-8d6e-{id:012x}:{}", id % 7),
+                _ => format!("reader-{id}"),
+            };
             match rnd(10) {
                 0..=3 => strings(&["RWLOCK.ACQUIRE", "rw", "READ", &owner, "PX", "600000"]),
                 4 => strings(&["RWLOCK.ACQUIRE", "rw", "READ", &owner, "PX", "40"]),

@@ -906,7 +906,14 @@ fn at(h: usize, f: usize) -> usize {
 }
 
 fn random_owner(rng: &mut Rng) -> Vec<u8> {
-    match rng.below(6) {
+    // Redisson's `<uuid>:<threadId>`, which a one-holder lock keeps packed
+    // (lock/compact.rs), and forms that must stay as they are: upper-case
+    // hex, a thread id with a leading zero or out of a u64's range.
+    let uuid = format!("0f3c2a9e-7b1d-4e5f-a6b7-{:012x}", rng.next() >> 16);
+    match rng.below(9) {
+        6 => format!("{uuid}:{}", rng.next() >> rng.below(64)).into_bytes(),
+        7 => format!("{}:1", uuid.to_uppercase()).into_bytes(),
+        8 => format!("{uuid}:0{}", rng.below(10)).into_bytes(),
         0 => Vec::new(),
         1 => b"\x00".to_vec(),
         2 => (0..rng.below(40) + 1).map(|_| rng.next() as u8).collect(),
