@@ -311,7 +311,7 @@ pub fn withhold(db: i32, key: &[u8]) {
         r.withheld.len() == 1
     });
     if first {
-        arm(crate::notify::module_context());
+        arm(crate::ffi::module_context());
     }
 }
 

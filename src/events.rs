@@ -134,7 +134,7 @@ unsafe extern "C" fn on_config_change(
 }
 
 pub fn subscribe(ctx: *mut Ctx) -> bool {
-    crate::notify::init(ctx);
+    crate::ffi::init_module_context(ctx);
     role::refresh(ctx);
     min_replicas::read_config(ctx);
     // The first token epoch starts at load (a restart with no dataset

@@ -217,3 +217,17 @@ pub unsafe fn args<'a>(argv: *mut *mut RStr, argc: c_int) -> &'a [*mut RStr] {
     }
     std::slice::from_raw_parts(argv, argc as usize)
 }
+
+/// A context of this module for callbacks that get none (the unlink hook,
+/// loading, timers armed from them).
+static MODULE_CONTEXT: std::sync::atomic::AtomicPtr<Ctx> =
+    std::sync::atomic::AtomicPtr::new(ptr::null_mut());
+
+pub fn init_module_context(ctx: *mut Ctx) {
+    let detached = unsafe { api!(RedisModule_GetDetachedThreadSafeContext)(ctx) };
+    MODULE_CONTEXT.store(detached, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn module_context() -> *mut Ctx {
+    MODULE_CONTEXT.load(std::sync::atomic::Ordering::Relaxed)
+}

@@ -75,7 +75,7 @@ pub fn bind(db: i32, key: &[u8], token: u64, client: u64, lease_ms: i64) {
             },
         );
     });
-    arm(crate::notify::module_context());
+    arm(crate::ffi::module_context());
 }
 
 fn forget_client_holding(r: &mut Registry, client: u64, holding: &Holding) {

@@ -193,7 +193,7 @@ pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState, now: i64) 
         return;
     }
     let key = crate::ffi::bytes(name);
-    let ctx = crate::notify::module_context();
+    let ctx = crate::ffi::module_context();
     if restored && active() {
         // Not yet: after this callback Redis may still drop the value (a bad
         // EOF marker after it, an ABSTTL already past), which would leave an

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use redis_module::raw;
 
 use crate::config;
-use crate::ffi::{api, bytes, now_ms, Ctx, OwnedStr, RStr};
+use crate::ffi::{api, bytes, module_context, now_ms, Ctx, OwnedStr, RStr};
 use crate::lease::IfAbsent;
 use crate::lock::{EndReason, Kind};
 use crate::stats;
@@ -105,18 +105,6 @@ pub fn keyspace(ctx: *mut Ctx, kind: Kind, event: Event, keyname: *mut RStr) {
 /// Answer to waiters whose lock key was deleted, renamed, flushed or migrated
 /// under them. Cluster clients retry TRYAGAIN, and the retry follows MOVED/ASK.
 pub const KEY_GONE_ERR: &str = "TRYAGAIN the lock key was deleted or moved while waiting; retry";
-
-/// A context of this module for callbacks that get none (the unlink hook).
-static MODULE_CONTEXT: AtomicPtr<Ctx> = AtomicPtr::new(std::ptr::null_mut());
-
-pub fn init(ctx: *mut Ctx) {
-    let detached = unsafe { api!(RedisModule_GetDetachedThreadSafeContext)(ctx) };
-    MODULE_CONTEXT.store(detached, Ordering::Relaxed);
-}
-
-pub fn module_context() -> *mut Ctx {
-    MODULE_CONTEXT.load(Ordering::Relaxed)
-}
 
 /// The type's unlink2 hook: Redis is removing one of our keys from the
 /// keyspace (its TTL ran out, DEL, RENAME, MOVE, MIGRATE, overwrite, eviction).

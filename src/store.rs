@@ -335,7 +335,7 @@ unsafe extern "C" fn aof_rewrite(
     // here, which "s" copies and "v" would try to retain (a server panic).
     api!(RedisModule_EmitAOF)(
         aof,
-        crate::engine::DELTA.as_ptr(),
+        crate::lock::delta::COMMAND.as_ptr(),
         c"sb".as_ptr(),
         key,
         bytes.as_ptr(),

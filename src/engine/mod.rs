@@ -19,7 +19,9 @@ pub use multi::{acquire_all, release_all, renew_all};
 use crate::blocking;
 use crate::ffi::{api, bytes, now_ms, select_db, selected_db, Ctx, Key, OwnedStr, RStr, Reply};
 use crate::lease::IfAbsent;
-use crate::lock::{err, Admission, Compact, Delta, EndReason, Kind, LockState, Mode, Op, Served};
+use crate::lock::{
+    delta, err, Admission, Compact, Delta, EndReason, Kind, LockState, Mode, Op, Served,
+};
 use crate::notify;
 use crate::stats;
 use crate::store::{self, Form, Stored};
@@ -491,14 +493,11 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     }
 }
 
-/// The command that applies a delta on a replica or from the AOF.
-pub const DELTA: &std::ffi::CStr = c"RLOCK.DELTA";
-
 fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
     unsafe {
         api!(RedisModule_Replicate)(
             ctx,
-            DELTA.as_ptr(),
+            delta::COMMAND.as_ptr(),
             c"sb".as_ptr(),
             keyname,
             delta.as_ptr(),

@@ -24,6 +24,9 @@ use super::{Kind, Mode};
 
 const VERSION: u8 = 1;
 
+/// The command that applies a delta on a replica or from the AOF.
+pub const COMMAND: &std::ffi::CStr = c"RLOCK.DELTA";
+
 /// Buffers larger than this are not kept for the next change.
 const SPARE_LIMIT: usize = 4096;
 
