@@ -117,13 +117,13 @@ pub const KEY_GONE_ERR: &str = "TRYAGAIN the lock key was deleted or moved while
 /// to retry (or get WRONGTYPE if something else now lives at the key).
 pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     crate::ffi::contained("unlink hook", (), || {
-        let state = crate::store::Stored::from_raw(value.cast_mut()).state();
+        let lock = crate::store::Stored::from_raw(value.cast_mut()).outline();
         let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx));
         let db = api!(RedisModule_GetDbIdFromOptCtx)(octx);
         crate::lease::unwatch(db, key);
         // The engine deletes a lock once its last hold is gone and reports that
         // itself; a replica reports nothing (the master does).
-        if state.is_free() || !crate::role::is_master() {
+        if lock.holders == 0 || !crate::role::is_master() {
             return;
         }
         let ctx = module_context();
@@ -131,16 +131,16 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
         // a key once that millisecond is over; Redis 8.2 may already remove it
         // during that millisecond (seen: removed at now == deadline). Either way
         // the lease ended: only a removal before the deadline is a deletion.
-        let expired = state.latest_deadline().is_some_and(|d| d <= now_ms());
+        let expired = lock.latest_deadline.is_some_and(|d| d <= now_ms());
         if expired {
             // Published at once, as Redis publishes its own `expired` event on
             // its expire path: a deferred report would keep the event loop
             // spinning through an expiry storm. The keyspace event waits for
             // the next tick (see `lease::schedule_expiry_event`).
-            stats::bump(&stats::LEASE_EXPIRATIONS, state.holder_count() as u64);
+            stats::bump(&stats::LEASE_EXPIRATIONS, lock.holders as u64);
             publish(ctx, db, key, EndReason::Expired);
             if config::notify_keyspace() {
-                crate::lease::schedule_expiry_event(ctx, db, key, state.kind());
+                crate::lease::schedule_expiry_event(ctx, db, key, lock.kind);
             }
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {

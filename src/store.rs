@@ -104,6 +104,23 @@ impl Stored {
     }
 
     /// # Safety
+    /// A live value of the lock type.
+    pub unsafe fn outline(self) -> Outline {
+        match self.form() {
+            Form::Full(v) => Outline {
+                kind: (*v).kind(),
+                holders: (*v).holder_count(),
+                latest_deadline: (*v).latest_deadline(),
+            },
+            Form::Packed(c) => Outline {
+                kind: (*c).kind(),
+                holders: (*c).holder_count(),
+                latest_deadline: Some((*c).deadline()).filter(|_| (*c).holder_count() > 0),
+            },
+        }
+    }
+
+    /// # Safety
     /// A live value of the lock type, no longer in the keyspace.
     pub unsafe fn free(self) {
         stats::LOCKS.fetch_sub(1, Ordering::Relaxed);
@@ -150,6 +167,14 @@ pub unsafe fn repack(
     api!(RedisModule_ModuleTypeReplaceValue)(key.raw, lock_type(), full.cast(), &mut old);
     drop(Box::from_raw(block));
     Some(full)
+}
+
+/// What the unlink hook reads of a value leaving the keyspace, without
+/// unpacking it (an expiry storm reads half a million).
+pub struct Outline {
+    pub kind: Kind,
+    pub holders: usize,
+    pub latest_deadline: Option<i64>,
 }
 
 /// The lock at an open key: `Err(())` if the key holds anything else.
@@ -428,6 +453,9 @@ mod tests {
             unsafe {
                 assert_eq!(*stored.state(), state);
                 assert_eq!(stored.kind(), Kind::Reentrant);
+                let outline = stored.outline();
+                assert_eq!(outline.holders, 1);
+                assert_eq!(outline.latest_deadline, Some(100));
                 stored.free();
             }
         }

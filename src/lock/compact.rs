@@ -67,6 +67,16 @@ impl Compact {
         (self.reads, self.writes) = (0, 0);
     }
 
+    /// 0 once cleared, else 1.
+    pub fn holder_count(&self) -> usize {
+        usize::from(self.reads != 0 || self.writes != 0)
+    }
+
+    /// The one holder's deadline.
+    pub fn deadline(&self) -> i64 {
+        self.deadline
+    }
+
     pub fn kind(&self) -> Kind {
         Kind::from_code(self.kind.into()).expect("packed from a Kind")
     }
@@ -245,8 +255,10 @@ mod tests {
     #[test]
     fn a_cleared_lock_unpacks_free() {
         let mut packed = Compact::pack(&one(Kind::Fair, 0, b"w", 0, 2)).unwrap();
+        assert_eq!(packed.holder_count(), 1);
         packed.clear();
         assert!(packed.unpack().is_free());
+        assert_eq!(packed.holder_count(), 0);
         assert_eq!(packed.kind(), Kind::Fair);
     }
 }
