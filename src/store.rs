@@ -70,10 +70,7 @@ impl Stored {
         stats::LOCKS.fetch_add(1, Ordering::Relaxed);
         match Compact::pack(state) {
             Some(c) => Stored(Box::into_raw(Box::new(c)).map_addr(|a| a | PACKED).cast()),
-            None => {
-                let state = std::mem::replace(state, LockState::new(state.kind()));
-                Stored(Box::into_raw(Box::new(state)).cast())
-            }
+            None => Stored(boxed(state).cast()),
         }
     }
 
@@ -159,14 +156,19 @@ pub unsafe fn repack(
         *block = packed;
         return None;
     }
-    let full = Box::into_raw(Box::new(std::mem::replace(
-        state,
-        LockState::new(state.kind()),
-    )));
+    let full = boxed(state);
     let mut old = ptr::null_mut();
     api!(RedisModule_ModuleTypeReplaceValue)(key.raw, lock_type(), full.cast(), &mut old);
     drop(Box::from_raw(block));
     Some(full)
+}
+
+/// Moves `state` into a box of its own (leaving an empty state behind).
+fn boxed(state: &mut LockState) -> *mut LockState {
+    Box::into_raw(Box::new(std::mem::replace(
+        state,
+        LockState::new(state.kind()),
+    )))
 }
 
 /// What the unlink hook reads of a value leaving the keyspace, without

@@ -458,10 +458,15 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     let state: Option<&LockState> = match &mut o.slot {
         _ if gone => None,
         Slot::Existing(p) => Some(unsafe { &**p }),
-        Slot::Unpacked(block, state) => match unsafe { store::repack(key, *block, state) } {
-            Some(full) => Some(unsafe { &*full }),
-            None => Some(state),
-        },
+        // Every change marks the change dirty: a refused or busy request
+        // leaves the block as it is.
+        Slot::Unpacked(block, state) if change.dirty => {
+            match unsafe { store::repack(key, *block, state) } {
+                Some(full) => Some(unsafe { &*full }),
+                None => Some(state),
+            }
+        }
+        Slot::Unpacked(_, state) => Some(state),
         Slot::Fresh(state) if state.is_free() => None,
         Slot::Fresh(state) => match unsafe { store::put(key, state) } {
             Some(full) => Some(unsafe { &*full }),
