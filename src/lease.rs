@@ -175,16 +175,16 @@ fn watch_at(ctx: *mut Ctx, db: i32, key: &[u8], due: i64) {
 ///
 /// # Safety
 /// `rdb` must be the IO context of the value being loaded.
-pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, state: &LockState, now: i64) {
+pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, earliest: Option<i64>, indexed: bool, now: i64) {
     let restored = !crate::role::is_loading();
-    let ended = state.earliest_deadline().is_some_and(|d| d < now);
-    if !(restored || ended || state.is_indexed()) {
+    let ended = earliest.is_some_and(|d| d < now);
+    if !(restored || ended || indexed) {
         return;
     }
     let (Some(name_of), Some(db_of), Some(earliest)) = (
         raw::RedisModule_GetKeyNameFromIO,
         raw::RedisModule_GetDbIdFromIO,
-        state.earliest_deadline(),
+        earliest,
     ) else {
         return;
     };

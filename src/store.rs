@@ -3,7 +3,9 @@
 //!
 //! Only held state is stored. Waiters are live connections and belong to
 //! `blocking`. Every loader (RDB, RESTORE, RLOCK.SETSTATE) builds the state
-//! through `LockState::from_holders`, the one validation.
+//! through `LockState::from_holders`, the one validation; a one-holder lock
+//! read straight into its packed form is held to the same rules
+//! (`LockState::lone_holds_valid`).
 
 use std::os::raw::{c_int, c_void};
 use std::ptr;
@@ -13,12 +15,15 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::ffi::{api, now_ms, Key};
-use crate::lock::{encoding, Compact, Delta, Holder, Kind, LockState, Owner};
+use crate::lock::encoding::{self, Layout};
+use crate::lock::{err, Compact, Delta, Holder, Kind, LockState, Owner};
 use crate::stats;
 
-/// RDB encoding version of a lock value: 2 is one compact string per lock
-/// (`lock::encoding`); 1, a framed item per field, still loads.
-pub const ENCODING_VERSION: c_int = 2;
+/// RDB encoding version of a lock value: 3 is one compact string per lock
+/// (`lock::encoding`), Redisson owners packed; 2 (owners as text) and 1 (a
+/// framed item per field) still load.
+pub const ENCODING_VERSION: c_int = 3;
+const COMPACT_V2_VERSION: c_int = 2;
 const FIELDS_VERSION: c_int = 1;
 
 /// A lock key's value as Redis holds it: a boxed `LockState`, or a
@@ -67,11 +72,18 @@ impl Stored {
 
     /// As `create`; a packed value leaves `state` as it was, a boxed one takes it.
     fn create_from(state: &mut LockState) -> Stored {
-        stats::LOCKS.fetch_add(1, Ordering::Relaxed);
         match Compact::pack(state) {
-            Some(c) => Stored(Box::into_raw(Box::new(c)).map_addr(|a| a | PACKED).cast()),
-            None => Stored(boxed(state).cast()),
+            Some(c) => Stored::packed(c),
+            None => {
+                stats::LOCKS.fetch_add(1, Ordering::Relaxed);
+                Stored(boxed(state).cast())
+            }
         }
+    }
+
+    pub fn packed(c: Compact) -> Stored {
+        stats::LOCKS.fetch_add(1, Ordering::Relaxed);
+        Stored(Box::into_raw(Box::new(c)).map_addr(|a| a | PACKED).cast())
     }
 
     pub fn form(self) -> Form {
@@ -251,9 +263,20 @@ pub fn parse_setstate(args: &[&[u8]], max_token: u64) -> Result<LockState, &'sta
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    let s = Stored::from_raw(value).state();
-    let bytes = encoding::encode(s.kind(), s.limit(), s.holder_count(), s.iter());
-    api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len());
+    let save =
+        |bytes: &[u8]| api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len());
+    match Stored::from_raw(value).form() {
+        Form::Packed(c) => save((*c).encode().as_slice()),
+        Form::Full(v) => {
+            let s = &*v;
+            save(&encoding::encode(
+                s.kind(),
+                s.limit(),
+                s.holder_count(),
+                s.iter(),
+            ))
+        }
+    }
 }
 
 /// Loads a value from an RDB file, a full sync or `RESTORE`. Anything that is
@@ -263,42 +286,88 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     crate::ffi::contained("rdb load", ptr::null_mut(), || {
         // One clock read per value: a load reads millions of them.
         let now = now_ms();
-        let state = match load_state(rdb, encver, now) {
-            Ok(state) => state,
+        let loaded = match load_value(rdb, encver, crate::token::max_accepted(now)) {
+            Ok(loaded) => loaded,
             Err(why) => {
                 crate::ffi::log_warning(&format!("rlock: refused a lock value: {why}"));
                 return ptr::null_mut();
             }
         };
-        state.iter().for_each(|h| crate::token::observe(h.token));
-        crate::lease::loaded(rdb, &state, now);
-        Stored::create(state).raw()
+        match loaded {
+            Loaded::Packed(c) => {
+                crate::token::observe(c.token());
+                crate::lease::loaded(rdb, Some(c.deadline()), false, now);
+                Stored::packed(c).raw()
+            }
+            Loaded::State(state) => {
+                state.iter().for_each(|h| crate::token::observe(h.token));
+                let (earliest, indexed) = (state.earliest_deadline(), state.is_indexed());
+                crate::lease::loaded(rdb, earliest, indexed, now);
+                Stored::create(state).raw()
+            }
+        }
     })
 }
 
-unsafe fn load_state(
+/// A loaded value: already packed (the common lock, read straight into its
+/// block), or a state.
+enum Loaded {
+    Packed(Compact),
+    State(LockState),
+}
+
+unsafe fn load_value(
     rdb: *mut raw::RedisModuleIO,
     encver: c_int,
-    now: i64,
-) -> Result<LockState, String> {
+    max_token: u64,
+) -> Result<Loaded, String> {
+    let invalid = || err::INVALID_STATE.trim_start_matches("ERR ").to_string();
     let (kind, limit, holders) = match encver {
-        ENCODING_VERSION => load_compact(rdb)?,
+        ENCODING_VERSION | COMPACT_V2_VERSION => {
+            let buf = LoadedBuffer::read(rdb)?;
+            let layout = match encver {
+                ENCODING_VERSION => Layout::V3,
+                _ => Layout::V2,
+            };
+            let packed = (layout == Layout::V3).then(|| Compact::decode(buf.bytes()));
+            if let Some(c) = packed.flatten() {
+                return c
+                    .is_valid(max_token)
+                    .then_some(Loaded::Packed(c))
+                    .ok_or_else(invalid);
+            }
+            encoding::decode(buf.bytes(), layout).ok_or("malformed lock encoding")?
+        }
         FIELDS_VERSION => load_fields(rdb)?,
         _ => return Err(format!("unknown encoding version {encver}")),
     };
-    LockState::from_parts(kind, limit, holders, crate::token::max_accepted(now))
-        .map_err(|e| e.trim_start_matches("ERR ").to_string())
+    LockState::from_parts(kind, limit, holders, max_token)
+        .map(Loaded::State)
+        .map_err(|_| invalid())
 }
 
-unsafe fn load_compact(rdb: *mut raw::RedisModuleIO) -> Result<encoding::Decoded, String> {
-    let mut len = 0usize;
-    let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
-    if buf.is_null() || api!(RedisModule_IsIOError)(rdb) != 0 {
-        return Err("short read".into());
+/// The string `RedisModule_LoadStringBuffer` read, freed on drop.
+struct LoadedBuffer(*mut std::os::raw::c_char, usize);
+
+impl LoadedBuffer {
+    unsafe fn read(rdb: *mut raw::RedisModuleIO) -> Result<LoadedBuffer, String> {
+        let mut len = 0usize;
+        let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
+        if buf.is_null() || api!(RedisModule_IsIOError)(rdb) != 0 {
+            return Err("short read".into());
+        }
+        Ok(LoadedBuffer(buf, len))
     }
-    let decoded = encoding::decode(std::slice::from_raw_parts(buf.cast::<u8>(), len));
-    api!(RedisModule_Free)(buf.cast());
-    decoded.ok_or_else(|| "malformed lock encoding".to_string())
+
+    fn bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.0.cast::<u8>(), self.1) }
+    }
+}
+
+impl Drop for LoadedBuffer {
+    fn drop(&mut self) {
+        unsafe { api!(RedisModule_Free)(self.0.cast()) }
+    }
 }
 
 /// Version 1 predates semaphores: locks only (limit 0).
@@ -416,7 +485,7 @@ unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
 }
 
 unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
-    let known = encver == ENCODING_VERSION || encver == FIELDS_VERSION;
+    let known = (FIELDS_VERSION..=ENCODING_VERSION).contains(&encver);
     if !known || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
         return crate::ffi::ERR;
     }

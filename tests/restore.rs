@@ -17,11 +17,13 @@
 //! model does not read (LZF), may go either way (and are then checked for
 //! validity alone).
 //!
-//! Both RDB encoding versions of a lock value are covered: version 2 (one
-//! compact string, what `DUMP` writes) from real `DUMP`s, and version 1 (an
-//! item per field, what older RDB files hold) crafted from the same states and
-//! checked to load as exactly those states. About a third of the mutations, and
-//! every truncation and designed RDB case, run on the version-1 payloads.
+//! Every RDB encoding version of a lock value is covered: version 3 (one
+//! compact string, Redisson owners packed: what `DUMP` writes) from real
+//! `DUMP`s, and versions 2 (the compact string with owners as text) and 1 (an
+//! item per field), what older RDB files hold, crafted from the same states and
+//! checked to load as exactly those states. A fifth of the mutations each run
+//! on the version-1 and version-2 payloads, and every truncation and designed
+//! RDB case runs on all three.
 
 mod common;
 
@@ -140,10 +142,14 @@ fn seed(test: &str) -> u64 {
 // rlock's own encoding versions (`src/store.rs`):
 // - version 1: items `kind count [owner reads writes token deadline]...`
 //   (unsigned, unsigned, then string, unsigned x3, signed per holder);
-// - version 2 (what DUMP writes): one string item, the compact form of
-//   `src/lock/encoding.rs`: `kind:u8 count:varint`, then per holder
+// - version 2: one string item, the compact form of `src/lock/encoding.rs`:
+//   `kind:u8 count:varint`, then per holder
 //   `len:varint owner reads:varint writes:varint token:u64le lease:zigzag-varint`
-//   with lease = deadline - (token >> 20).
+//   with lease = deadline - (token >> 20);
+// - version 3 (what DUMP writes): version 2 with each owner as `tag:varint`,
+//   then `tag / 2` bytes for an even tag, or for tag 1 a Redisson owner
+//   (`<lower-case uuid>:<thread id in canonical decimal>`) as 16 uuid bytes and
+//   `thread:varint`; other odd tags are refused.
 // Both are modelled here as the same list of fields (`Item`s, holder `h`'s field
 // `f` at `at(h, f)`), written in one layout or the other.
 
@@ -220,6 +226,7 @@ fn token_ms(token: u64) -> i64 {
 enum Enc {
     V1,
     V2,
+    V3,
 }
 
 impl Enc {
@@ -227,7 +234,13 @@ impl Enc {
         match self {
             Enc::V1 => 1,
             Enc::V2 => 2,
+            Enc::V3 => 3,
         }
+    }
+
+    /// One compact string (v2, v3), not an item per field (v1).
+    fn compact(self) -> bool {
+        self != Enc::V1
     }
 
     fn index(self) -> usize {
@@ -238,11 +251,12 @@ impl Enc {
 /// One field saved by the module, or bytes that no honest writer produces.
 #[derive(Clone, Debug)]
 enum Item {
-    /// v1: an unsigned item; v2: a varint.
+    /// v1: an unsigned item; v2, v3: a varint.
     U(u64),
-    /// v1: a string item; v2: a varint length and the bytes.
+    /// v1: a string item; v2: a varint length and the bytes; v3: an owner.
     S(Vec<u8>),
-    /// A string whose length field says `len` but `bytes` follow.
+    /// A string whose length field says `len` but `bytes` follow (v3: a raw
+    /// owner's tag says `len`).
     LyingString(u64, Vec<u8>),
     /// v2: one byte (the kind). v1 writes it as an unsigned item.
     Byte(u8),
@@ -281,15 +295,60 @@ fn put_item_v1(out: &mut Vec<u8>, item: &Item) {
     }
 }
 
-fn put_item_v2(out: &mut Vec<u8>, item: &Item) {
+/// `<lower-case uuid>:<thread id>` in the one form that formats back to the
+/// same bytes, as the module packs it (`src/lock/compact.rs`).
+fn redisson_parts(owner: &[u8]) -> Option<([u8; 16], u64)> {
+    let text = std::str::from_utf8(owner).ok()?;
+    let (uuid, thread) = text.split_once(':')?;
+    let hex: String = uuid.split('-').collect();
+    let lens: Vec<usize> = uuid.split('-').map(str::len).collect();
+    if lens != [8, 4, 4, 4, 12] || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let thread: u64 = thread.parse().ok()?;
+    if thread.to_string() != text.split_once(':')?.1 {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some((bytes, thread))
+}
+
+fn redisson_text(uuid: &[u8], thread: u64) -> Vec<u8> {
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}:{thread}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+    .into_bytes()
+}
+
+fn put_item_compact(out: &mut Vec<u8>, item: &Item, enc: Enc) {
     match item {
         Item::U(v) => put_varint(out, *v),
+        Item::S(s) if enc == Enc::V3 => match redisson_parts(s) {
+            Some((uuid, thread)) => {
+                put_varint(out, 1);
+                out.extend(uuid);
+                put_varint(out, thread);
+            }
+            None => {
+                put_varint(out, (s.len() as u64) << 1);
+                out.extend_from_slice(s);
+            }
+        },
         Item::S(s) => {
             put_varint(out, s.len() as u64);
             out.extend_from_slice(s);
         }
         Item::LyingString(len, bytes) => {
-            put_varint(out, *len);
+            put_varint(out, if enc == Enc::V3 { len << 1 } else { *len });
             out.extend_from_slice(bytes);
         }
         Item::Byte(b) => out.push(*b),
@@ -309,9 +368,9 @@ struct Payload {
     /// loader as the encoding version: normally `enc`).
     head: Vec<u8>,
     items: Vec<Item>,
-    /// v2: what the string item's length says, when it lies.
+    /// v2, v3: what the string item's length says, when it lies.
     outer_len: Option<u64>,
-    /// v2: items (v1 framing) between the module's string and the EOF opcode.
+    /// v2, v3: items (v1 framing) between the module's string and the EOF opcode.
     after: Vec<Item>,
     eof: bool,
     version: [u8; 2],
@@ -322,11 +381,11 @@ fn module_id(head: &[u8]) -> u64 {
 }
 
 impl Payload {
-    /// v2: the bytes of the module's one string.
+    /// v2, v3: the bytes of the module's one string.
     fn compact(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for item in &self.items {
-            put_item_v2(&mut out, item);
+            put_item_compact(&mut out, item, self.enc);
         }
         out
     }
@@ -336,7 +395,7 @@ impl Payload {
         let mut out = self.head.clone();
         match self.enc {
             Enc::V1 => self.items.iter().for_each(|i| put_item_v1(&mut out, i)),
-            Enc::V2 => {
+            Enc::V2 | Enc::V3 => {
                 let compact = self.compact();
                 put_len(&mut out, OP_STRING);
                 match self.outer_len {
@@ -380,23 +439,25 @@ impl Payload {
     fn kind_item(&self, code: u64) -> Item {
         match self.enc {
             Enc::V1 => Item::U(code),
-            Enc::V2 => Item::Byte(code as u8),
+            Enc::V2 | Enc::V3 => Item::Byte(code as u8),
         }
     }
 
     fn token_item(&self, token: u64) -> Item {
         match self.enc {
             Enc::V1 => Item::U(token),
-            Enc::V2 => Item::Fixed(token),
+            Enc::V2 | Enc::V3 => Item::Fixed(token),
         }
     }
 
     /// The deadline field for `deadline`, given the token holder `h` carries
-    /// (v2 stores it relative to the token, as the module's encoder does).
+    /// (v2 and v3 store it relative to the token, as the module's encoder does).
     fn deadline_item(&self, h: usize, deadline: i64) -> Item {
         match self.enc {
             Enc::V1 => Item::U(deadline as u64),
-            Enc::V2 => Item::Lease(deadline.wrapping_sub(token_ms(self.token(h).unwrap_or(0)))),
+            Enc::V2 | Enc::V3 => {
+                Item::Lease(deadline.wrapping_sub(token_ms(self.token(h).unwrap_or(0))))
+            }
         }
     }
 
@@ -413,7 +474,7 @@ impl Payload {
             _ => None,
         };
         self.items[at(h, 3)] = self.token_item(token);
-        if let (Enc::V2, Some(d), false) = (self.enc, deadline, keep_lease) {
+        if let (true, Some(d), false) = (self.enc.compact(), deadline, keep_lease) {
             self.set_deadline(h, d);
         }
     }
@@ -553,7 +614,7 @@ impl<'a> RdbReader<'a> {
 /// bytes and at most `u64::MAX` (padded forms read as their value), a deadline
 /// that overflows is an error. Hold counts are returned as read (the rules
 /// refuse those beyond u32).
-fn decode_compact(bytes: &[u8]) -> Result<(u64, Vec<Holder>), &'static str> {
+fn decode_compact(bytes: &[u8], enc: Enc) -> Result<(u64, Vec<Holder>), &'static str> {
     struct C<'a>(&'a [u8]);
     impl C<'_> {
         fn take(&mut self, n: u64) -> Result<&[u8], &'static str> {
@@ -587,8 +648,16 @@ fn decode_compact(bytes: &[u8]) -> Result<(u64, Vec<Holder>), &'static str> {
     let count = c.varint()?;
     let mut holders = Vec::new();
     for _ in 0..count {
-        let len = c.varint()?;
-        let owner = c.take(len)?.to_vec();
+        let tag = c.varint()?;
+        let owner = match (enc, tag) {
+            (Enc::V3, 1) => {
+                let uuid = c.take(16)?.to_vec();
+                redisson_text(&uuid, c.varint()?)
+            }
+            (Enc::V3, t) if t & 1 == 1 => return Err("odd owner tag other than 1"),
+            (Enc::V3, t) => c.take(t >> 1)?.to_vec(),
+            (_, len) => c.take(len)?.to_vec(),
+        };
         let reads = c.varint()?;
         let writes = c.varint()?;
         let token = u64::from_le_bytes(c.take(8)?.try_into().unwrap());
@@ -643,16 +712,19 @@ fn read_value(r: &mut RdbReader, encver: u64) -> Read<(u64, Vec<Holder>)> {
             }
             Read::Ok((code, holders))
         }
-        2 => match decode_compact(&read!(r.string())) {
-            Ok(v) => Read::Ok(v),
-            Err(why) => Read::Bad(why),
-        },
+        2 | 3 => {
+            let enc = if encver == 2 { Enc::V2 } else { Enc::V3 };
+            match decode_compact(&read!(r.string()), enc) {
+                Ok(v) => Read::Ok(v),
+                Err(why) => Read::Bad(why),
+            }
+        }
         _ => Read::Bad("unknown encoding version"),
     }
 }
 
 /// Parses a real DUMP payload of a lock (written by the server with
-/// `rdbcompression no`, in encoding version 2); panics on anything else.
+/// `rdbcompression no`, in encoding version 3); panics on anything else.
 fn parse_dump(dump: &[u8]) -> Payload {
     let n = dump.len();
     assert!(n > 12, "payload too short: {dump:?}");
@@ -667,7 +739,7 @@ fn parse_dump(dump: &[u8]) -> Payload {
     assert_eq!(body[0], 7, "not a module value (RDB_TYPE_MODULE_2)");
     assert_eq!(body[1], 0x81, "module id is a 64-bit length");
     let head = body[..10].to_vec();
-    assert_eq!(module_id(&head) & 1023, 2, "DUMP is not encoding version 2");
+    assert_eq!(module_id(&head) & 1023, 3, "DUMP is not encoding version 3");
     let mut r = RdbReader { buf: body, pos: 10 };
     let compact = match r.string() {
         Read::Ok(s) => s,
@@ -675,9 +747,9 @@ fn parse_dump(dump: &[u8]) -> Payload {
     };
     assert_eq!(r.len(), Some((OP_EOF, false)), "no EOF after the string");
     assert_eq!(r.pos, body.len(), "bytes after the EOF opcode");
-    let (code, holders) = decode_compact(&compact).expect("the server's compact form");
+    let (code, holders) = decode_compact(&compact, Enc::V3).expect("the server's compact form");
     let mut p = Payload {
-        enc: Enc::V2,
+        enc: Enc::V3,
         head,
         items: vec![Item::Byte(code as u8), Item::U(holders.len() as u64)],
         outer_len: None,
@@ -956,7 +1028,7 @@ fn mutate_items(
     let n = p.holder_count();
     let h = rng.index(n.max(1));
     let has = |p: &Payload, i: usize| i < p.items.len();
-    let v2 = p.enc == Enc::V2;
+    let v2 = p.enc.compact();
     // (A previous change may have left fewer items than a lock has.)
     match rng.below(13) {
         0 if p.items.len() >= 2 => {
@@ -1091,14 +1163,14 @@ fn mutate_items(
             "framing changed"
         }
         10 => {
-            // v2: the string item around the compact form, and the varints in it.
+            // v2, v3: the string item around the compact form, and the varints in it.
             let numbered: Vec<usize> = (1..p.items.len())
                 .filter(|&i| matches!(p.items[i], Item::U(_) | Item::Lease(_)))
                 .collect();
             match rng.below(8) {
                 0 => {
                     p.eof = false;
-                    "v2 framing: no EOF"
+                    "compact framing: no EOF"
                 }
                 1 => {
                     let extra = if rng.chance(2) {
@@ -1107,12 +1179,12 @@ fn mutate_items(
                         Item::S(b"more".to_vec())
                     };
                     p.after.push(extra);
-                    "v2 framing: an item after the string"
+                    "compact framing: an item after the string"
                 }
                 2 => {
                     p.items
                         .push(Item::Raw(vec![rng.next() as u8; 1 + rng.index(8)]));
-                    "v2 framing: trailing bytes in the string"
+                    "compact framing: trailing bytes in the string"
                 }
                 3 => {
                     let len = p.compact().len() as u64;
@@ -1125,7 +1197,7 @@ fn mutate_items(
                         1 << 40,
                         u64::MAX,
                     ]));
-                    "v2 framing: string length lies"
+                    "compact framing: string length lies"
                 }
                 4 if !numbered.is_empty() => {
                     // A padded varint: ten bytes at most is the same number.
@@ -1138,7 +1210,7 @@ fn mutate_items(
                     put_varint(&mut min, v);
                     let extra = rng.pick(&[1, 2, 10 - min.len().min(9), 11 - min.len().min(10)]);
                     p.items[i] = Item::Raw(padded_varint(v, extra.max(1)));
-                    "v2 varint padded"
+                    "compact varint padded"
                 }
                 5 if !numbered.is_empty() => {
                     let i = rng.pick(&numbered);
@@ -1148,7 +1220,7 @@ fn mutate_items(
                         v[..9].fill(0x80);
                     }
                     p.items[i] = Item::Raw(v);
-                    "v2 varint at or past u64"
+                    "compact varint at or past u64"
                 }
                 6 => {
                     let i = rng.index(p.items.len() + 1);
@@ -1156,14 +1228,14 @@ fn mutate_items(
                         i,
                         Item::Raw(vec![rng.pick(&[0x80, 0xff, 0x00, 0x01, 0x7f])]),
                     );
-                    "v2 byte inserted"
+                    "compact byte inserted"
                 }
                 _ => {
                     // The compact form cut inside, its string length right.
                     let compact = p.compact();
                     let cut = rng.index(compact.len());
                     p.items = vec![Item::Raw(compact[..cut].to_vec())];
-                    "v2 cut inside the string"
+                    "compact cut inside the string"
                 }
             }
         }
@@ -1171,7 +1243,7 @@ fn mutate_items(
             // The module id's encoding version: the other layout's loader, or
             // one the module does not know.
             let own = module_id(&p.head) & 1023;
-            let others: Vec<u64> = [1, 2, 0, 3, 1023]
+            let others: Vec<u64> = [1, 2, 3, 0, 4, 1023]
                 .into_iter()
                 .filter(|&v| v != own)
                 .collect();
@@ -1194,9 +1266,10 @@ struct Case {
     base: usize,
 }
 
-/// The corpus: every cut point of the smaller payloads (in v2 also every cut
-/// of the compact string inside a right string length), then random byte and
-/// structured mutations up to `total`, a third of them on v1 bases.
+/// The corpus: every cut point of the smaller payloads (in v2 and v3 also every
+/// cut of the compact string inside a right string length), then random byte
+/// and structured mutations up to `total`, a fifth of them each on v1 and v2
+/// bases, the rest on v3 (what DUMP writes).
 fn corpus(rng: &mut Rng, bases: &[Payload], codes: &Codes, total: usize, now: i64) -> Vec<Case> {
     let mut out = Vec::new();
     let cuts = |rng: &mut Rng, len: usize| -> Vec<usize> {
@@ -1215,14 +1288,14 @@ fn corpus(rng: &mut Rng, bases: &[Payload], codes: &Codes, total: usize, now: i6
                 base: b,
             });
         }
-        if p.enc == Enc::V2 {
+        if p.enc.compact() {
             let compact = p.compact();
             for cut in cuts(rng, compact.len()) {
                 let mut m = p.clone();
                 m.items = vec![Item::Raw(compact[..cut].to_vec())];
                 out.push(Case {
                     payload: m.encode(),
-                    label: "v2 string truncated",
+                    label: "compact string truncated",
                     base: b,
                 });
             }
@@ -1230,12 +1303,12 @@ fn corpus(rng: &mut Rng, bases: &[Payload], codes: &Codes, total: usize, now: i6
     }
     let of =
         |enc: Enc| -> Vec<usize> { (0..bases.len()).filter(|&b| bases[b].enc == enc).collect() };
-    let (v1, v2) = (of(Enc::V1), of(Enc::V2));
+    let layouts = [of(Enc::V1), of(Enc::V2), of(Enc::V3)];
     while out.len() < total {
-        let b = if rng.chance(3) {
-            rng.pick(&v1)
-        } else {
-            rng.pick(&v2)
+        let b = match rng.below(5) {
+            0 => rng.pick(&layouts[0]),
+            1 => rng.pick(&layouts[1]),
+            _ => rng.pick(&layouts[2]),
         };
         let p = &bases[b];
         let case = match rng.below(10) {
@@ -1266,7 +1339,7 @@ fn corpus(rng: &mut Rng, bases: &[Payload], codes: &Codes, total: usize, now: i6
             }
             _ => {
                 let mut m = p.clone();
-                let same = if p.enc == Enc::V1 { &v1 } else { &v2 };
+                let same = &layouts[p.enc.index()];
                 let other = &bases[rng.pick(same)];
                 let mut label = mutate_items(rng, &mut m, other, codes, now);
                 if rng.chance(4) {
@@ -1437,7 +1510,7 @@ fn server_error(v: &Value) -> Option<String> {
     }
 }
 
-/// A base lock: its payload (v2 as DUMP wrote it, or v1 crafted from it), the
+/// A base lock: its payload (v3 as DUMP wrote it, or v1 or v2 crafted from it), the
 /// payload's bytes, its family and the digest of the value restored from it.
 struct Base {
     p: Payload,
@@ -1449,8 +1522,8 @@ struct Base {
 /// Counts of what happened, for the report.
 #[derive(Default, Debug)]
 struct Tally {
-    /// Per layout of the base (v1, v2): tried, refused, restored.
-    by_enc: [(usize, usize, usize); 2],
+    /// Per layout of the base (v1, v2, v3): tried, refused, restored.
+    by_enc: [(usize, usize, usize); 3],
     tried: usize,
     refused: usize,
     restored: usize,
@@ -1788,7 +1861,7 @@ fn base_locks(c: &mut Connection) -> Vec<Base> {
     ));
     make.push(("b:rw12", Family::Rw, twelve));
     let mut out = Vec::new();
-    let mut v1 = Vec::new();
+    let mut older = Vec::new();
     for (key, family, commands) in make {
         for a in commands {
             let mut one = cmd(std::str::from_utf8(&a[0]).unwrap());
@@ -1811,28 +1884,34 @@ fn base_locks(c: &mut Connection) -> Vec<Base> {
             .unwrap();
         let digest: Vec<String> = cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
         let _: i64 = cmd("DEL").arg(key).query(c).unwrap();
-        // The same state in the version-1 layout loads as exactly that state:
-        // the same digest, and DUMP writes it back byte for byte in version 2.
-        let old = p.in_layout(Enc::V1);
-        assert_eq!(module_id(&old.head) & 1023, 1);
-        let old_dump = old.encode();
-        let _: () = cmd("RESTORE")
-            .arg(key)
-            .arg(0)
-            .arg(&old_dump[..])
-            .query(c)
-            .unwrap();
-        let old_digest: Vec<String> = cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
-        assert_eq!(old_digest, digest, "{key}: v1 payload of the same state");
-        let again: Vec<u8> = cmd("DUMP").arg(key).query(c).unwrap();
-        assert_eq!(again, dump, "{key}: v1 payload re-dumped");
-        let _: i64 = cmd("DEL").arg(key).query(c).unwrap();
-        v1.push(Base {
-            p: old,
-            dump: old_dump,
-            family,
-            digest: digest[0].clone(),
-        });
+        // The same state in the older layouts loads as exactly that state:
+        // the same digest, and DUMP writes it back byte for byte in version 3.
+        for enc in [Enc::V1, Enc::V2] {
+            let old = p.in_layout(enc);
+            assert_eq!(module_id(&old.head) & 1023, enc.number());
+            let old_dump = old.encode();
+            let _: () = cmd("RESTORE")
+                .arg(key)
+                .arg(0)
+                .arg(&old_dump[..])
+                .query(c)
+                .unwrap();
+            let old_digest: Vec<String> =
+                cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
+            assert_eq!(
+                old_digest, digest,
+                "{key}: {enc:?} payload of the same state"
+            );
+            let again: Vec<u8> = cmd("DUMP").arg(key).query(c).unwrap();
+            assert_eq!(again, dump, "{key}: {enc:?} payload re-dumped");
+            let _: i64 = cmd("DEL").arg(key).query(c).unwrap();
+            older.push(Base {
+                p: old,
+                dump: old_dump,
+                family,
+                digest: digest[0].clone(),
+            });
+        }
         out.push(Base {
             p,
             dump,
@@ -1840,17 +1919,17 @@ fn base_locks(c: &mut Connection) -> Vec<Base> {
             digest: digest[0].clone(),
         });
     }
-    out.extend(v1);
+    out.extend(older);
     out
 }
 
-/// The kind codes, learnt from the DUMPs (v2's kind byte) and checked against
-/// the v1 layout's kind item.
+/// The kind codes, learnt from the DUMPs (the compact form's kind byte) and
+/// checked against the v1 layout's kind item.
 fn kind_codes(bases: &[Base]) -> Codes {
     let mut codes = Codes::new();
     for b in bases {
         let code = match (b.p.enc, &b.p.items[0]) {
-            (Enc::V2, Item::Byte(code)) => *code as u64,
+            (Enc::V2 | Enc::V3, Item::Byte(code)) => *code as u64,
             (Enc::V1, Item::U(code)) => *code,
             other => panic!("kind item {other:?}"),
         };
@@ -1995,7 +2074,7 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
         tally.either,
         started.elapsed()
     );
-    for enc in [Enc::V1, Enc::V2] {
+    for enc in [Enc::V1, Enc::V2, Enc::V3] {
         let (tried, refused, restored) = tally.by_enc[enc.index()];
         eprintln!("  {enc:?} bases: {tried} tried, {refused} refused, {restored} restored");
     }
@@ -2006,15 +2085,15 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
         eprintln!("  {enc:?} {label}: {ok} restored, {refused} refused");
     }
     assert!(tally.tried >= total.min(10_000));
-    // Issue 12's 10,000 mutations of what DUMP writes (version 2).
-    assert!(tally.by_enc[Enc::V2.index()].0 >= (total / 2).min(10_000));
+    // Issue 12's 10,000 mutations of what DUMP writes (version 3).
+    assert!(tally.by_enc[Enc::V3.index()].0 >= (total / 2).min(10_000));
     assert!(tally.refused > 1000 && tally.restored > 1000, "{tally:?}");
-    // Both loaders get a real share of both outcomes.
-    for enc in [Enc::V1, Enc::V2] {
+    // Every loader gets a real share of both outcomes.
+    for enc in [Enc::V1, Enc::V2, Enc::V3] {
         let (tried, refused, restored) = tally.by_enc[enc.index()];
         let share = total / 10;
         assert!(
-            tried >= 2 * share && refused >= share / 2 && restored >= share / 2,
+            tried >= share && refused >= share / 4 && restored >= share / 4,
             "{enc:?}: {tried} tried, {refused} refused, {restored} restored"
         );
     }
@@ -2099,7 +2178,11 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
 
     let now = now_ms();
     let mut mutations: Vec<(String, Payload, bool)> = Vec::new();
-    for victim in [victim.clone(), victim.in_layout(Enc::V1)] {
+    for victim in [
+        victim.clone(),
+        victim.in_layout(Enc::V2),
+        victim.in_layout(Enc::V1),
+    ] {
         let v = format!("{:?}", victim.enc);
         let mut push = |label: &str, m: Payload, must_load: bool| {
             mutations.push((format!("{v} {label}"), m, must_load));
@@ -2110,7 +2193,7 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
             m.eof = false;
         }
         push("cut after the holder count", m, false);
-        if victim.enc == Enc::V2 {
+        if victim.enc.compact() {
             let mut m = victim.clone();
             m.outer_len = Some(victim.compact().len() as u64 + 1000);
             push("string length says more", m, false);
@@ -2121,7 +2204,7 @@ fn corrupt_lock_values_in_an_rdb_file_load_valid_or_refuse_to_start() {
             push("lease varint past u64", m, false);
         }
         let mut m = victim.clone();
-        m.set_encver(3);
+        m.set_encver(4);
         push("unknown encoding version", m, false);
         for token in [u64::MAX, (1 << 63) + 5, ((now + 10 * YEAR_MS) as u64) << 20] {
             let mut m = victim.clone();
@@ -2291,8 +2374,12 @@ fn restore_replace_and_past_absttl_leave_nothing_behind() {
     int(&mut c, &["RLOCK.ACQUIRE", "src", "w", "PX", "600000"]);
     let live = parse_dump(&cmd("DUMP").arg("src").query::<Vec<u8>>(&mut c).unwrap());
     let _ = call(&mut c, &["DEL", "src"]);
-    // In both layouts (v2 as DUMP writes it, v1 as older files hold it).
-    for live in [live.clone(), live.in_layout(Enc::V1)] {
+    // In every layout (v3 as DUMP writes it, v1 and v2 as older files hold it).
+    for live in [
+        live.clone(),
+        live.in_layout(Enc::V2),
+        live.in_layout(Enc::V1),
+    ] {
         let mut ended = live.clone();
         ended.set_deadline(0, now_ms() - 1_000);
         let mut forever = live.clone();

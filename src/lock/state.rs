@@ -492,19 +492,46 @@ impl LockState {
     /// A semaphore's holdings are permits only, as many as fit the limit
     /// (several may exceed a lowered limit together, never one alone).
     fn fits(&self, h: &Holder, max_token: u64) -> bool {
-        let family_rules = match self.kind {
-            Kind::Semaphore => h.writes == 0 && h.reads <= self.limit,
+        let joins = match self.kind {
+            Kind::Semaphore => true,
             // A writer comes alone; readers join readers.
             Kind::ReadWrite => (self.is_free() || h.writes == 0) && self.writer().is_none(),
-            Kind::Reentrant | Kind::Fair => h.reads == 0 && self.is_free(),
+            Kind::Reentrant | Kind::Fair => self.is_free(),
+        };
+        joins
+            && !h.owner.is_empty()
+            && Self::lone_holds_valid(
+                self.kind,
+                self.limit,
+                (h.reads, h.writes),
+                h.token,
+                h.deadline,
+                max_token,
+            )
+            && self.holder(&h.owner).is_none()
+            && self.by_token(h.token).is_none()
+    }
+
+    /// The rules on a holder's own numbers, as if it held the lock alone:
+    /// what its family allows, at least one hold, a token in range, a
+    /// deadline not before 0.
+    pub fn lone_holds_valid(
+        kind: Kind,
+        limit: u32,
+        (reads, writes): (u32, u32),
+        token: u64,
+        deadline: i64,
+        max_token: u64,
+    ) -> bool {
+        let family_rules = match kind {
+            Kind::Semaphore => writes == 0 && reads <= limit,
+            Kind::ReadWrite => true,
+            Kind::Reentrant | Kind::Fair => reads == 0,
         };
         family_rules
-            && !(h.owner.is_empty()
-                || h.reads as u64 + h.writes as u64 == 0
-                || !(1..=max_token).contains(&h.token)
-                || h.deadline < 0
-                || self.holder(&h.owner).is_some()
-                || self.by_token(h.token).is_some())
+            && reads as u64 + writes as u64 > 0
+            && (1..=max_token).contains(&token)
+            && deadline >= 0
     }
 
     /// Applies a replicated delta. All or nothing: on the first invalid step
