@@ -440,4 +440,18 @@ mod tests {
         assert!(!valid(Kind::Semaphore, 2, b"w", 1, 1, 5, 0));
         assert!(valid(Kind::Semaphore, 2, b"w", 2, 0, 5, 0));
     }
+
+    #[test]
+    fn the_longest_encoding_fits_its_buffer() {
+        let h = Holder {
+            owner: Owner::new(format!("{UUID}:{}", u64::MAX).as_bytes()),
+            token: u64::MAX,
+            deadline: i64::MIN,
+            reads: 65535,
+            writes: 65535,
+        };
+        let state = LockState::with_holder(Kind::Semaphore, 65535, h);
+        let packed = Compact::pack(&state).unwrap();
+        assert_eq!(packed.encode().as_slice().len(), 56);
+    }
 }

@@ -37,7 +37,7 @@ impl Sink for Vec<u8> {
     }
 }
 
-/// Room for any packed lock's encoding (at most 58 bytes), on the stack: a
+/// Room for any packed lock's encoding (at most 56 bytes), on the stack: a
 /// save of a million locks allocates nothing per lock.
 pub struct Buf {
     bytes: [u8; 64],
