@@ -7,6 +7,7 @@
 mod blocking;
 mod commands;
 mod config;
+mod datatype;
 mod deadlock;
 mod docs;
 mod engine;
@@ -28,9 +29,9 @@ use std::os::raw::c_int;
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, RedisString, Status};
 
+use crate::datatype::LOCK_TYPE;
 use crate::ffi::{api, Ctx, RStr};
 use crate::lock::Kind;
-use crate::store::LOCK_TYPE;
 
 // Unit tests run without Redis, so they keep the system allocator.
 #[cfg(not(test))]
@@ -166,6 +167,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning(&format!("rlock: {e}"));
         return Status::Err;
     }
+    store::set_lock_type(datatype::raw_type());
     // Loaders check every read (RESTORE and RDB payloads are untrusted input).
     unsafe {
         api!(RedisModule_SetModuleOptions)(
