@@ -216,7 +216,7 @@ fn unzigzag(v: u64) -> i64 {
     (v >> 1) as i64 ^ -((v & 1) as i64)
 }
 
-/// The millisecond a token's clock part names: the base of a v2 lease.
+/// The millisecond a token's clock part names: the base of a v2 or v3 lease.
 fn token_ms(token: u64) -> i64 {
     (token >> 20) as i64
 }
@@ -258,11 +258,11 @@ enum Item {
     /// A string whose length field says `len` but `bytes` follow (v3: a raw
     /// owner's tag says `len`).
     LyingString(u64, Vec<u8>),
-    /// v2: one byte (the kind). v1 writes it as an unsigned item.
+    /// v2, v3: one byte (the kind). v1 writes it as an unsigned item.
     Byte(u8),
-    /// v2: eight bytes little-endian (the token). v1: an unsigned item.
+    /// v2, v3: eight bytes little-endian (the token). v1: an unsigned item.
     Fixed(u64),
-    /// v2: a zigzag varint (the lease). v1: an unsigned item (two's complement).
+    /// v2, v3: a zigzag varint (the lease). v1: an unsigned item (two's complement).
     Lease(i64),
     /// Raw bytes, spliced in as they are.
     Raw(Vec<u8>),
@@ -465,7 +465,7 @@ impl Payload {
         self.items[at(h, 4)] = self.deadline_item(h, deadline);
     }
 
-    /// Sets holder `h`'s token; in v2, keeping its deadline or (`keep_lease`)
+    /// Sets holder `h`'s token; in v2 and v3, keeping its deadline or (`keep_lease`)
     /// its stored lease, so that the deadline moves with the token.
     fn set_token(&mut self, h: usize, token: u64, keep_lease: bool) {
         let deadline = match (&self.items[at(h, 4)], self.token(h)) {
@@ -609,7 +609,8 @@ impl<'a> RdbReader<'a> {
     }
 }
 
-/// The v2 compact form, read as the spec in `src/lock/encoding.rs` says:
+/// The compact form (v2, or v3 with tagged owners), read as the spec in
+/// `src/lock/encoding.rs` says:
 /// strict (a missing or leftover byte is an error), varints of at most ten
 /// bytes and at most `u64::MAX` (padded forms read as their value), a deadline
 /// that overflows is an error. Hold counts are returned as read (the rules
@@ -945,7 +946,7 @@ fn extreme_deadlines(now: i64) -> Vec<u64> {
     .collect()
 }
 
-/// v2 leases as stored (relative to the token's millisecond), whatever
+/// Compact-form leases as stored (relative to the token's millisecond), whatever
 /// deadline they make: overflowing, negative, huge.
 fn extreme_leases(token: u64) -> Vec<i64> {
     vec![
@@ -1028,7 +1029,7 @@ fn mutate_items(
     let n = p.holder_count();
     let h = rng.index(n.max(1));
     let has = |p: &Payload, i: usize| i < p.items.len();
-    let v2 = p.enc.compact();
+    let compact = p.enc.compact();
     // (A previous change may have left fewer items than a lock has.)
     match rng.below(13) {
         0 if p.items.len() >= 2 => {
@@ -1049,7 +1050,7 @@ fn mutate_items(
         1 if !p.items.is_empty() => {
             let mut known: Vec<u64> = codes.keys().copied().collect();
             known.extend([3, 7, 255]);
-            if !v2 {
+            if !compact {
                 known.push(u64::MAX);
             }
             p.items[0] = p.kind_item(rng.pick(&known));
@@ -1060,7 +1061,7 @@ fn mutate_items(
             "extreme token"
         }
         3 if has(p, at(h, 4)) => {
-            if v2 && rng.chance(2) {
+            if compact && rng.chance(2) {
                 let t = p.token(h).unwrap_or(0);
                 p.items[at(h, 4)] = Item::Lease(rng.pick(&extreme_leases(t)));
                 "extreme lease"
@@ -1095,7 +1096,7 @@ fn mutate_items(
                 1 => copy[0] = Item::S(random_owner(rng)),
                 _ => {
                     copy[0] = Item::S(format!("extra-{}", rng.below(1000)).into_bytes());
-                    // (In v2 the copied lease keeps the deadline: the new
+                    // (In the compact form the copied lease keeps the deadline: the new
                     // token's millisecond is the same.)
                     copy[3] = p.token_item(((now as u64) << 20) + 777 + rng.below(100));
                     if rng.chance(2) {
@@ -1113,10 +1114,10 @@ fn mutate_items(
         }
         8 if !p.items.is_empty() => {
             // Type confusion: an integer where a string belongs, or the
-            // reverse; in v2 also a field of another width.
+            // reverse; in the compact form also a field of another width.
             let i = rng.index(p.items.len());
             let v = number(&p.items[i]).unwrap_or_else(|| rng.next());
-            p.items[i] = match (&p.items[i], v2) {
+            p.items[i] = match (&p.items[i], compact) {
                 (Item::U(v), false) => Item::S(v.to_le_bytes().to_vec()),
                 (_, false) => Item::U(rng.next()),
                 (_, true) => match rng.below(5) {
@@ -1145,7 +1146,7 @@ fn mutate_items(
             p.items[at(h, 0)] = Item::LyingString(len, owner);
             "string length lies"
         }
-        10 if !v2 => {
+        10 if !compact => {
             match rng.below(4) {
                 0 => p.eof = false,
                 1 => p.items.push(Item::U(rng.next())),
@@ -1763,8 +1764,19 @@ fn check_vanished(c: &mut Connection, vanish: &mut Vec<(Vec<u8>, Instant, String
 /// A base lock: its key, family and the commands that make it.
 type Recipe = (&'static str, Family, Vec<Vec<Vec<u8>>>);
 
+/// `RESTORE key 0 payload`, then the value's `DEBUG DIGEST-VALUE`.
+fn restored_digest(c: &mut Connection, key: &str, payload: &[u8]) -> Vec<String> {
+    let _: () = cmd("RESTORE")
+        .arg(key)
+        .arg(0)
+        .arg(payload)
+        .query(c)
+        .unwrap();
+    cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap()
+}
+
 /// Makes the base locks on `c` and returns their DUMP payloads (encoding
-/// version 2), parsed, then the same states crafted in version 1.
+/// version 3), parsed, then the same states crafted in versions 1 and 2.
 fn base_locks(c: &mut Connection) -> Vec<Base> {
     let long_owner = "o".repeat(16 * 1024);
     let binary_owner: &[u8] = b"\x00bin\r\n\xff owner";
@@ -1876,13 +1888,7 @@ fn base_locks(c: &mut Connection) -> Vec<Base> {
         let _: i64 = cmd("DEL").arg(key).query(c).unwrap();
         // The digest of the value restored without a TTL (a key's TTL is part
         // of its digest), as the fuzz loop restores it before replacing it.
-        let _: () = cmd("RESTORE")
-            .arg(key)
-            .arg(0)
-            .arg(&dump[..])
-            .query(c)
-            .unwrap();
-        let digest: Vec<String> = cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
+        let digest = restored_digest(c, key, &dump);
         let _: i64 = cmd("DEL").arg(key).query(c).unwrap();
         // The same state in the older layouts loads as exactly that state:
         // the same digest, and DUMP writes it back byte for byte in version 3.
@@ -1890,14 +1896,7 @@ fn base_locks(c: &mut Connection) -> Vec<Base> {
             let old = p.in_layout(enc);
             assert_eq!(module_id(&old.head) & 1023, enc.number());
             let old_dump = old.encode();
-            let _: () = cmd("RESTORE")
-                .arg(key)
-                .arg(0)
-                .arg(&old_dump[..])
-                .query(c)
-                .unwrap();
-            let old_digest: Vec<String> =
-                cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
+            let old_digest = restored_digest(c, key, &old_dump);
             assert_eq!(
                 old_digest, digest,
                 "{key}: {enc:?} payload of the same state"
