@@ -149,10 +149,14 @@ impl LoadedBuffer {
     unsafe fn read(rdb: *mut raw::RedisModuleIO) -> Result<LoadedBuffer, String> {
         let mut len = 0usize;
         let buf = api!(RedisModule_LoadStringBuffer)(rdb, &mut len);
-        if buf.is_null() || api!(RedisModule_IsIOError)(rdb) != 0 {
+        if buf.is_null() {
             return Err("short read".into());
         }
-        Ok(LoadedBuffer(buf, len))
+        let loaded = LoadedBuffer(buf, len);
+        if api!(RedisModule_IsIOError)(rdb) != 0 {
+            return Err("short read".into());
+        }
+        Ok(loaded)
     }
 
     fn bytes(&self) -> &[u8] {
