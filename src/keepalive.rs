@@ -184,8 +184,8 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
             let alive = !renew || crate::engine::keep_alive(ctx, *db, key, *token, lease_ms);
             if alive {
                 with(|r| {
-                    if let Some(b) = r.bindings.get(&holding) {
-                        r.due.insert((b.next, holding.clone()));
+                    if let Some(next) = r.bindings.get(&holding).map(|b| b.next) {
+                        r.due.insert((next, holding));
                     }
                 });
             } else {
