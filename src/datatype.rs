@@ -125,12 +125,16 @@ unsafe fn load_value(
                 ENCODING_VERSION => Layout::V3,
                 _ => Layout::V2,
             };
-            let packed = (layout == Layout::V3).then(|| Compact::decode(buf.bytes()));
-            if let Some(c) = packed.flatten() {
-                return c
-                    .is_valid(max_token)
-                    .then_some(Loaded::Packed(c))
-                    .ok_or_else(invalid);
+            // The common lock goes straight into its packed block; anything
+            // else is read as a whole state below.
+            if layout == Layout::V3 {
+                if let Some(c) = Compact::decode(buf.bytes()) {
+                    return if c.is_valid(max_token) {
+                        Ok(Loaded::Packed(c))
+                    } else {
+                        Err(invalid())
+                    };
+                }
             }
             encoding::decode(buf.bytes(), layout).ok_or("malformed lock encoding")?
         }
