@@ -577,7 +577,7 @@ unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_i
         let reply = match depart(ctx, id) {
             Some(Status::Granted(token)) => Reply::Int(token as i64),
             Some(Status::GrantedAll(tokens)) => tokens_reply(&tokens),
-            Some(Status::Failed(e)) => Reply::Error(e),
+            Some(Status::Failed(e)) => Reply::err(e),
             Some(Status::Waiting) | Some(Status::TimedOut) | None => {
                 stats::bump(&stats::WAIT_TIMEOUTS, 1);
                 Reply::Null
@@ -602,7 +602,7 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
         match answered.map(|rec| rec.status) {
             Some(Status::Granted(token)) => send(ctx, &Reply::Int(token as i64)),
             Some(Status::GrantedAll(tokens)) => send(ctx, &tokens_reply(&tokens)),
-            Some(Status::Failed(e)) => send(ctx, &Reply::Error(e)),
+            Some(Status::Failed(e)) => send(ctx, &Reply::err(e)),
             Some(Status::TimedOut) => {
                 stats::bump(&stats::WAIT_TIMEOUTS, 1);
                 send(ctx, &Reply::Null)

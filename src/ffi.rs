@@ -130,8 +130,9 @@ pub enum Reply {
     Int(i64),
     Null,
     Bulk(Vec<u8>),
-    Simple(&'static str),
-    Error(String),
+    Simple(&'static std::ffi::CStr),
+    /// Most errors are fixed strings: no allocation for them.
+    Error(std::borrow::Cow<'static, str>),
     Array(Vec<Reply>),
     /// A RESP3 map; Redis flattens it to a field-value array for RESP2 clients.
     Map(Vec<(&'static str, Reply)>),
@@ -140,7 +141,7 @@ pub enum Reply {
 }
 
 impl Reply {
-    pub fn err(msg: impl Into<String>) -> Reply {
+    pub fn err(msg: impl Into<std::borrow::Cow<'static, str>>) -> Reply {
         Reply::Error(msg.into())
     }
 }
@@ -158,8 +159,7 @@ pub fn send(ctx: *mut Ctx, reply: &Reply) {
                 api!(RedisModule_ReplyWithStringBuffer)(ctx, b.as_ptr().cast(), b.len());
             }
             Reply::Simple(s) => {
-                let c = std::ffi::CString::new(*s).unwrap_or_default();
-                api!(RedisModule_ReplyWithSimpleString)(ctx, c.as_ptr());
+                api!(RedisModule_ReplyWithSimpleString)(ctx, s.as_ptr());
             }
             Reply::Error(e) => {
                 let c =

@@ -49,7 +49,7 @@ pub enum Action<'a> {
     /// Replace the held state (AOF rewrite output, and effects of older versions).
     SetState(LockState),
     /// Apply a replicated delta (replication and AOF replay).
-    Replay(Kind, Vec<Op<'a>>),
+    Replay(Kind, delta::Steps<'a>),
     /// Lease timer: the key's watched deadline came.
     Expire,
     /// Serve the queue (a waiter left its head, or the key vanished under it).
@@ -83,7 +83,7 @@ struct Park {
 struct Change {
     dirty: bool,
     acquired: bool,
-    ended: Vec<EndReason>,
+    ended: Ended,
     served: Vec<Served>,
     park: Option<Park>,
     delta: Delta,
@@ -94,7 +94,7 @@ impl Change {
         Change {
             dirty: false,
             acquired: false,
-            ended: Vec::new(),
+            ended: Ended::default(),
             served: Vec::new(),
             park: None,
             delta: if record {
@@ -107,9 +107,31 @@ impl Change {
 
     fn end(&mut self, reason: EndReason) {
         self.dirty = true;
-        if !self.ended.contains(&reason) {
-            self.ended.push(reason);
+        self.ended.insert(reason);
+    }
+}
+
+/// Why holds ended in one change, each reason once, in the order they first
+/// did; inline (a release must not allocate to say that it released).
+#[derive(Default)]
+struct Ended([Option<EndReason>; 3]);
+
+impl Ended {
+    fn insert(&mut self, reason: EndReason) {
+        for slot in &mut self.0 {
+            match slot {
+                Some(r) if *r == reason => return,
+                Some(_) => {}
+                None => {
+                    *slot = Some(reason);
+                    return;
+                }
+            }
         }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = EndReason> + '_ {
+        self.0.iter().map_while(|r| *r)
     }
 }
 
@@ -389,17 +411,17 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             new_state.iter().for_each(|h| token::observe(h.token));
             *state = new_state;
             change.dirty = true;
-            Reply::Simple("OK")
+            Reply::Simple(c"OK")
         }
         Action::Replay(_, ops) => match state.replay(&ops, token::max_accepted(now)) {
             Ok(()) => {
-                for op in &ops {
+                for op in ops.iter() {
                     if let Op::New { token: t, .. } | Op::Whole { token: t, .. } = op {
                         token::observe(*t);
                     }
                 }
                 change.dirty = true;
-                Reply::Simple("OK")
+                Reply::Simple(c"OK")
             }
             Err(e) => Reply::err(e),
         },
@@ -489,9 +511,9 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
         // its replicas) exactly as it came.
         unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
     }
-    for reason in &change.ended {
-        notify::publish(ctx, db, name, *reason);
-        notify::keyspace(ctx, kind, notify::Event::End(*reason), keyname);
+    for reason in change.ended.iter() {
+        notify::publish(ctx, db, name, reason);
+        notify::keyspace(ctx, kind, notify::Event::End(reason), keyname);
     }
     if change.acquired {
         notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);

@@ -285,18 +285,42 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The steps of a decoded delta. Most changes make one step (a holder came,
+/// left or renewed), which needs no allocation: replicas and AOF loading
+/// decode one delta per change.
+#[derive(Debug)]
+pub enum Steps<'a> {
+    One(Op<'a>),
+    Many(Vec<Op<'a>>),
+}
+
+impl<'a> std::ops::Deref for Steps<'a> {
+    type Target = [Op<'a>];
+
+    fn deref(&self) -> &[Op<'a>] {
+        match self {
+            Steps::One(op) => std::slice::from_ref(op),
+            Steps::Many(ops) => ops,
+        }
+    }
+}
+
 /// Decodes a delta; any malformed byte makes the whole delta invalid.
-pub fn decode(bytes: &[u8]) -> Option<(Kind, Vec<Op<'_>>)> {
+pub fn decode(bytes: &[u8]) -> Option<(Kind, Steps<'_>)> {
     let mut r = Reader(bytes);
     if r.u8()? != VERSION {
         return None;
     }
     let kind = Kind::from_code(r.u8()? as u64)?;
-    let mut ops = Vec::new();
+    let first = r.op()?;
+    if r.0.is_empty() {
+        return Some((kind, Steps::One(first)));
+    }
+    let mut ops = vec![first];
     while !r.0.is_empty() {
         ops.push(r.op()?);
     }
-    (!ops.is_empty()).then_some((kind, ops))
+    Some((kind, Steps::Many(ops)))
 }
 
 #[cfg(test)]

@@ -537,27 +537,30 @@ impl LockState {
     /// Applies a replicated delta. All or nothing: on the first invalid step
     /// everything already applied is undone and the state is as it was.
     pub fn replay(&mut self, ops: &[Op], max_token: u64) -> Result<(), &'static str> {
+        // A step that fails changes nothing, so the last step (the only one,
+        // for most deltas) needs no undo record.
         let mut undo = Vec::new();
-        for op in ops {
-            if let Err(e) = self.replay_one(op, max_token, &mut undo) {
-                for u in undo.into_iter().rev() {
-                    self.undo(u);
+        for (i, op) in ops.iter().enumerate() {
+            match self.replay_one(op, max_token) {
+                Ok(u) if i + 1 < ops.len() => undo.push(u),
+                Ok(_) => {}
+                Err(e) => {
+                    for u in undo.into_iter().rev() {
+                        self.undo(u);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
         }
         Ok(())
     }
 
-    fn replay_one(
-        &mut self,
-        op: &Op,
-        max_token: u64,
-        undo: &mut Vec<Undo>,
-    ) -> Result<(), &'static str> {
+    /// Applies one step, or refuses it and changes nothing; returns how to
+    /// take it back.
+    fn replay_one(&mut self, op: &Op, max_token: u64) -> Result<Undo, &'static str> {
         let bad = err::INVALID_DELTA;
         let mut off = Delta::off();
-        match *op {
+        Ok(match *op {
             Op::New {
                 mode,
                 token,
@@ -584,7 +587,7 @@ impl LockState {
                 }
                 self.grant(owner, mode, deadline, &mut || Some(token), &mut off)
                     .map_err(|_| bad)?;
-                undo.push(Undo::Remove(token));
+                Undo::Remove(token)
             }
             Op::Hold {
                 token,
@@ -600,7 +603,7 @@ impl LockState {
                 }
                 let before = Undo::counts(h);
                 self.add_hold(token, mode, deadline).map_err(|_| bad)?;
-                undo.push(before);
+                before
             }
             Op::Release { token, mode } => {
                 let h = self.by_token(token).ok_or(bad)?;
@@ -608,10 +611,11 @@ impl LockState {
                     return Err(bad);
                 }
                 if h.reads + h.writes == mode.amount() {
-                    undo.push(Undo::Restore(self.remove(token).expect("present")));
+                    Undo::Restore(self.remove(token).expect("present"))
                 } else {
-                    undo.push(Undo::counts(h));
+                    let before = Undo::counts(h);
                     self.drop_hold(token, mode);
+                    before
                 }
             }
             Op::Renew { token, deadline } => {
@@ -619,13 +623,11 @@ impl LockState {
                 if deadline < 0 {
                     return Err(bad);
                 }
-                undo.push(Undo::counts(h));
+                let before = Undo::counts(h);
                 self.modify(token, |h| h.deadline = deadline);
+                before
             }
-            Op::End { token } => {
-                let h = self.remove(token).ok_or(bad)?;
-                undo.push(Undo::Restore(h));
-            }
+            Op::End { token } => Undo::Restore(self.remove(token).ok_or(bad)?),
             Op::Whole {
                 token,
                 deadline,
@@ -644,24 +646,23 @@ impl LockState {
                     return Err(bad);
                 }
                 self.insert(holder);
-                undo.push(Undo::Remove(token));
+                Undo::Remove(token)
             }
             Op::Force => {
                 if self.is_free() {
                     return Err(bad);
                 }
-                let all = std::mem::replace(&mut self.holders, Holders::Empty);
-                undo.push(Undo::Holders(all));
+                Undo::Holders(std::mem::replace(&mut self.holders, Holders::Empty))
             }
             Op::Limit { limit } => {
                 if self.kind != Kind::Semaphore || limit == 0 {
                     return Err(bad);
                 }
-                undo.push(Undo::Limit(self.limit));
+                let before = Undo::Limit(self.limit);
                 self.limit = limit;
+                before
             }
-        }
-        Ok(())
+        })
     }
 
     fn mode_allowed(&self, mode: Mode) -> bool {
