@@ -1,8 +1,9 @@
 //! (g) Persistence at scale: N leased locks against N `SET ... PX` keys on
 //! one server each: `SAVE` (RDB size, time), AOF rewrite (size, time),
 //! `DEBUG RELOAD` (time, then until the module holds every lock again), `REPLICAOF NO ONE`
-//! on a replica holding them all (how long the promoted server stalls), and
-//! `FLUSHALL` with waiters parked on some of the locks.
+//! on a replica holding them all (how long the promoted server stalls),
+//! `FLUSHALL` with waiters parked on some of the locks, and loading an AOF of
+//! the keys made anew (`DEBUG LOADAOF`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -40,6 +41,9 @@ pub struct Persist {
     pub flush_waiters: usize,
     pub flush_told_retry: usize,
     pub flush_stall: Stall,
+    /// `DEBUG LOADAOF` of the rewritten AOF (no RDB preamble), the keys made
+    /// anew after `FLUSHALL`: flush, then replay of every command.
+    pub aof_load_ms: f64,
 }
 
 /// Rounds of `SAVE` and of the AOF rewrite, which leave the keyspace as it
@@ -230,6 +234,8 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
     wait_until("an empty schedule", Duration::from_secs(60), || {
         schedule(&srv) == 0
     });
+    let aof_load_ms = aof_load(env, &srv, lock, n);
+    assert_eq!(schedule(&srv), leases, "locks after DEBUG LOADAOF");
     Persist {
         lock,
         n,
@@ -248,5 +254,33 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
         flush_waiters: waiters,
         flush_told_retry: told_retry,
         flush_stall,
+        aof_load_ms,
     }
+}
+
+/// Makes the N keys anew (the first load after they were made, as for
+/// `DEBUG RELOAD`), rewrites them into an AOF of plain commands, and times
+/// `DEBUG LOADAOF`: a flush, then every command of the file through the
+/// command table (`RLOCK.DELTA` for a lock, `SET` for a key; `PEXPIREAT`
+/// after each). AOF stays on during the load, which reads the files the
+/// rewrite listed.
+fn aof_load(env: &Env, srv: &Server, lock: Lock, n: usize) -> f64 {
+    load_locks(env, srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
+    let mut c = srv.conn();
+    config_set(&mut c, "appendonly", "yes");
+    wait_until("the AOF rewrite", Duration::from_secs(300), || {
+        let p = srv.info("persistence");
+        p.get("aof_rewrite_in_progress").is_some_and(|v| v == "0")
+            && p.get("aof_rewrite_scheduled").is_some_and(|v| v == "0")
+    });
+    let t = Instant::now();
+    ok(
+        cmd!(c; "DEBUG", "LOADAOF").expect("DEBUG LOADAOF"),
+        "DEBUG LOADAOF",
+    );
+    let load_ms = ms_since(t);
+    let keys = cmd!(c; "DBSIZE").expect("DBSIZE");
+    assert_eq!(keys.int(), Some(n as i64), "keys after DEBUG LOADAOF");
+    config_set(&mut c, "appendonly", "no");
+    load_ms
 }

@@ -193,7 +193,7 @@ pub fn persist_targets(r: &Results) -> Vec<Target> {
     let native = r.persist.iter().find(|x| x.lock.imp == Impl::Native);
     let plain = r.persist.iter().find(|x| x.lock.imp == Impl::PlainFloor);
     type Get = fn(&Persist) -> f64;
-    let ratios: [(&'static str, &str, Get, f64, &'static str, &str); 6] = [
+    let ratios: [(&'static str, &str, Get, f64, &'static str, &str); 7] = [
         (
             "persist-rdb",
             "RDB size",
@@ -238,6 +238,14 @@ pub fn persist_targets(r: &Results) -> Vec<Target> {
             "reload",
             "`DEBUG RELOAD` time",
             |x| x.reload_ms,
+            1.3,
+            "≤ 1.3x",
+            "ms",
+        ),
+        (
+            "aof-load",
+            "`DEBUG LOADAOF` time (AOF of plain commands)",
+            |x| x.aof_load_ms,
             1.3,
             "≤ 1.3x",
             "ms",
@@ -546,7 +554,9 @@ pub fn render_persist(w: &mut String, r: &Results) {
          then `REPLICAOF NO ONE` on it with a PING loop on the replica, until it watches all \
          N leases (+100 ms), quiet = the 300 ms before; `FLUSHALL SYNC` (round trip), with \
          clients parked (`BLOCK 0`) on some of the lock keys, who are told `TRYAGAIN`, and the \
-         worst PING from the command until the last of them was told.\n",
+         worst PING from the command until the last of them was told; then the N keys made \
+         anew, AOF on again (rewrite as above) and `DEBUG LOADAOF` (round trip: flush, then \
+         every command of the file replayed), AOF off.\n",
         num(first.n as f64)
     );
     table(
@@ -566,6 +576,7 @@ pub fn render_persist(w: &mut String, r: &Results) {
             "FLUSHALL ms",
             "waiters told TRYAGAIN",
             "worst PING ms",
+            "DEBUG LOADAOF ms",
         ],
         r.persist.iter().map(|x| {
             let n = x.n as f64;
@@ -597,6 +608,7 @@ pub fn render_persist(w: &mut String, r: &Results) {
                     "—".into()
                 },
                 f2(x.flush_stall.worst_ms),
+                num(x.aof_load_ms),
             ]
         }),
     );
