@@ -14,27 +14,52 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::c_void;
+use std::rc::Rc;
 
 use redis_module::raw;
 
-use crate::ffi::{api, now_ms, Ctx};
+use crate::ffi::{api, now_ms, Ctx, OwnedStr};
 
 /// (db, key, token): one owner's tenure on one key.
 type Holding = (i32, Vec<u8>, u64);
 
 struct Binding {
+    holding: Holding,
+    /// The key as a module string, made once at binding: every renewal hands
+    /// it to the engine as it is.
+    keyname: Rc<OwnedStr>,
     client: u64,
     lease_ms: i64,
     /// When the timer renews it next (unix ms).
     next: i64,
 }
 
+/// Bindings by a number of their own, so that a renewal finds its binding
+/// and keeps the schedule in order without hashing or comparing keys.
 #[derive(Default)]
 struct Registry {
-    bindings: HashMap<Holding, Binding>,
-    by_client: HashMap<u64, HashSet<Holding>>,
-    due: BTreeSet<(i64, Holding)>,
+    last_id: u64,
+    bindings: HashMap<u64, Binding>,
+    ids: HashMap<Holding, u64>,
+    by_client: HashMap<u64, HashSet<u64>>,
+    /// (next renewal, binding id)
+    due: BTreeSet<(i64, u64)>,
     timer: Option<(raw::RedisModuleTimerID, i64)>,
+}
+
+impl Registry {
+    fn remove(&mut self, id: u64) -> Option<Binding> {
+        let b = self.bindings.remove(&id)?;
+        self.ids.remove(&b.holding);
+        self.due.remove(&(b.next, id));
+        if let Some(set) = self.by_client.get_mut(&b.client) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.by_client.remove(&b.client);
+            }
+        }
+        Some(b)
+    }
 }
 
 thread_local! {
@@ -56,19 +81,21 @@ fn renew_every(lease_ms: i64) -> i64 {
 pub fn bind(db: i32, key: &[u8], token: u64, client: u64, lease_ms: i64) {
     let holding = (db, key.to_vec(), token);
     let next = now_ms().saturating_add(renew_every(lease_ms));
+    let keyname = Rc::new(OwnedStr::new(key));
     with(|r| {
-        if let Some(old) = r.bindings.remove(&holding) {
-            r.due.remove(&(old.next, holding.clone()));
-            forget_client_holding(r, old.client, &holding);
+        if let Some(old) = r.ids.get(&holding).copied() {
+            r.remove(old);
         }
-        r.by_client
-            .entry(client)
-            .or_default()
-            .insert(holding.clone());
-        r.due.insert((next, holding.clone()));
+        r.last_id += 1;
+        let id = r.last_id;
+        r.by_client.entry(client).or_default().insert(id);
+        r.due.insert((next, id));
+        r.ids.insert(holding.clone(), id);
         r.bindings.insert(
-            holding,
+            id,
             Binding {
+                holding,
+                keyname,
                 client,
                 lease_ms,
                 next,
@@ -76,24 +103,6 @@ pub fn bind(db: i32, key: &[u8], token: u64, client: u64, lease_ms: i64) {
         );
     });
     arm(crate::ffi::module_context());
-}
-
-fn forget_client_holding(r: &mut Registry, client: u64, holding: &Holding) {
-    if let Some(set) = r.by_client.get_mut(&client) {
-        set.remove(holding);
-        if set.is_empty() {
-            r.by_client.remove(&client);
-        }
-    }
-}
-
-fn unbind(holding: &Holding) {
-    with(|r| {
-        if let Some(b) = r.bindings.remove(holding) {
-            r.due.remove(&(b.next, holding.clone()));
-            forget_client_holding(r, b.client, holding);
-        }
-    });
 }
 
 /// Holdings bound right now (`INFO rlock_keepalive_holds`).
@@ -107,22 +116,21 @@ pub fn bound_client(db: i32, key: &[u8], token: u64) -> Option<u64> {
         if r.bindings.is_empty() {
             return None;
         }
-        r.bindings.get(&(db, key.to_vec(), token)).map(|b| b.client)
+        let id = r.ids.get(&(db, key.to_vec(), token))?;
+        r.bindings.get(id).map(|b| b.client)
     })
 }
 
 /// A connection closed: every holding bound to it ends as a release.
 pub fn client_gone(ctx: *mut Ctx, client: u64) {
-    let holdings = with(|r| {
-        let holdings = r.by_client.remove(&client)?;
-        for h in &holdings {
-            if let Some(b) = r.bindings.remove(h) {
-                r.due.remove(&(b.next, h.clone()));
-            }
-        }
-        Some(holdings)
+    let holdings: Vec<Holding> = with(|r| {
+        let ids = r.by_client.remove(&client).unwrap_or_default();
+        ids.into_iter()
+            .filter_map(|id| r.remove(id))
+            .map(|b| b.holding)
+            .collect()
     });
-    for (db, key, token) in holdings.into_iter().flatten() {
+    for (db, key, token) in holdings {
         crate::engine::end_holding(ctx, db, &key, token);
     }
 }
@@ -132,6 +140,7 @@ pub fn client_gone(ctx: *mut Ctx, client: u64) {
 pub fn clear() {
     with(|r| {
         r.bindings.clear();
+        r.ids.clear();
         r.by_client.clear();
         r.due.clear();
     });
@@ -156,41 +165,56 @@ fn arm(ctx: *mut Ctx) {
     }
 }
 
+/// One renewal the timer makes, taken out of the registry: the engine may
+/// bind or unbind holdings while it runs.
+struct Renewal {
+    id: u64,
+    db: i32,
+    keyname: Rc<OwnedStr>,
+    token: u64,
+    lease_ms: i64,
+}
+
 /// Renews the holdings that are due; a holding whose tenure is gone is unbound.
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("keepalive timer", (), || {
         let now = now_ms();
-        let due: Vec<(Holding, i64)> = with(|r| {
+        let due: Vec<Renewal> = with(|r| {
             r.timer = None;
             let mut due = Vec::new();
             while due.len() < MAX_PER_TICK {
                 match r.due.first() {
-                    Some((at, _)) if *at <= now => {}
+                    Some(&(at, _)) if at <= now => {}
                     _ => break,
                 }
-                let (_, holding) = r.due.pop_first().expect("checked");
-                if let Some(b) = r.bindings.get_mut(&holding) {
+                let (_, id) = r.due.pop_first().expect("checked");
+                if let Some(b) = r.bindings.get_mut(&id) {
                     // Next renewal from now on; the entry goes back below.
                     b.next = now.saturating_add(renew_every(b.lease_ms));
-                    due.push((holding, b.lease_ms));
+                    due.push(Renewal {
+                        id,
+                        db: b.holding.0,
+                        keyname: Rc::clone(&b.keyname),
+                        token: b.holding.2,
+                        lease_ms: b.lease_ms,
+                    });
                 }
             }
             due
         });
         // A master refusing writes renews nothing (as it refuses RENEW).
         let renew = crate::role::is_master() && !crate::min_replicas::refuses_writes();
-        for (holding, lease_ms) in due {
-            let (db, key, token) = &holding;
-            let alive = !renew || crate::engine::keep_alive(ctx, *db, key, *token, lease_ms);
-            if alive {
-                with(|r| {
-                    if let Some(next) = r.bindings.get(&holding).map(|b| b.next) {
-                        r.due.insert((next, holding));
-                    }
-                });
-            } else {
-                unbind(&holding);
-            }
+        for d in due {
+            let keyname = d.keyname.ptr();
+            let alive =
+                !renew || crate::engine::keep_alive(ctx, d.db, keyname, d.token, d.lease_ms);
+            with(|r| {
+                if !alive {
+                    r.remove(d.id);
+                } else if let Some(next) = r.bindings.get(&d.id).map(|b| b.next) {
+                    r.due.insert((next, d.id));
+                }
+            });
         }
         arm(ctx);
     })

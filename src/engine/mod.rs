@@ -537,15 +537,14 @@ pub fn client_id(ctx: *mut Ctx) -> u64 {
     unsafe { api!(RedisModule_GetClientId)(ctx) }
 }
 
-/// Keepalive timer: renews the tenure `token` on (db, key) to now + lease.
+/// Keepalive timer: renews the tenure `token` on (db, keyname) to now + lease.
 /// False when that tenure is gone.
-pub fn keep_alive(ctx: *mut Ctx, db: i32, key: &[u8], token: u64, lease_ms: i64) -> bool {
+pub fn keep_alive(ctx: *mut Ctx, db: i32, keyname: *mut RStr, token: u64, lease_ms: i64) -> bool {
     if !select_db(ctx, db) {
         return false;
     }
-    let keyname = OwnedStr::new(key);
     let action = Action::KeepAlive { token, lease_ms };
-    let renewed = matches!(execute(ctx, keyname.ptr(), None, action), Reply::Int(1));
+    let renewed = matches!(execute(ctx, keyname, None, action), Reply::Int(1));
     if renewed {
         stats::bump(&stats::KEEPALIVE_RENEWALS, 1);
     }
