@@ -123,15 +123,13 @@ pub fn bound_client(db: i32, key: &[u8], token: u64) -> Option<u64> {
 
 /// A connection closed: every holding bound to it ends as a release.
 pub fn client_gone(ctx: *mut Ctx, client: u64) {
-    let holdings: Vec<Holding> = with(|r| {
+    let ended: Vec<Binding> = with(|r| {
         let ids = r.by_client.remove(&client).unwrap_or_default();
-        ids.into_iter()
-            .filter_map(|id| r.remove(id))
-            .map(|b| b.holding)
-            .collect()
+        ids.into_iter().filter_map(|id| r.remove(id)).collect()
     });
-    for (db, key, token) in holdings {
-        crate::engine::end_holding(ctx, db, &key, token);
+    for b in ended {
+        let (db, _, token) = b.holding;
+        crate::engine::end_holding(ctx, db, b.keyname.ptr(), token);
     }
 }
 

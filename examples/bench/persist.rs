@@ -92,6 +92,23 @@ fn files_size(dir: &Path, part: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// No AOF rewrite running or waiting to run.
+fn rewrite_finished(srv: &Server) -> bool {
+    let p = srv.info("persistence");
+    p.get("aof_rewrite_in_progress").is_some_and(|v| v == "0")
+        && p.get("aof_rewrite_scheduled").is_some_and(|v| v == "0")
+}
+
+fn assert_rewrite_ok(srv: &Server) {
+    let status = srv.info("persistence");
+    assert_eq!(
+        status.get("aof_last_bgrewrite_status").map(String::as_str),
+        Some("ok"),
+        "AOF rewrite failed:\n{}",
+        srv.log()
+    );
+}
+
 /// Lock values the module holds and serves (0 for a server that holds no
 /// locks). Since issue 13 there is no schedule to rebuild after a load or a
 /// promotion (a single-holder lock ends through its key's TTL), so the module
@@ -140,18 +157,8 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
     let rewrite_ms = median_of_rounds(|| {
         let t = Instant::now();
         config_set(&mut c, "appendonly", "yes");
-        let done = time_until("the AOF rewrite", || {
-            let p = srv.info("persistence");
-            p.get("aof_rewrite_in_progress").is_some_and(|v| v == "0")
-                && p.get("aof_rewrite_scheduled").is_some_and(|v| v == "0")
-        });
-        let status = srv.info("persistence");
-        assert_eq!(
-            status.get("aof_last_bgrewrite_status").map(String::as_str),
-            Some("ok"),
-            "AOF rewrite failed:\n{}",
-            srv.log()
-        );
+        let done = time_until("the AOF rewrite", || rewrite_finished(&srv));
+        assert_rewrite_ok(&srv);
         config_set(&mut c, "appendonly", "no");
         done.duration_since(t).as_secs_f64() * 1000.0
     });
@@ -269,10 +276,9 @@ fn aof_load(env: &Env, srv: &Server, lock: Lock, n: usize) -> f64 {
     let mut c = srv.conn();
     config_set(&mut c, "appendonly", "yes");
     wait_until("the AOF rewrite", Duration::from_secs(300), || {
-        let p = srv.info("persistence");
-        p.get("aof_rewrite_in_progress").is_some_and(|v| v == "0")
-            && p.get("aof_rewrite_scheduled").is_some_and(|v| v == "0")
+        rewrite_finished(srv)
     });
+    assert_rewrite_ok(srv);
     let t = Instant::now();
     ok(
         cmd!(c; "DEBUG", "LOADAOF").expect("DEBUG LOADAOF"),

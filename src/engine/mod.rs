@@ -551,11 +551,10 @@ pub fn keep_alive(ctx: *mut Ctx, db: i32, keyname: *mut RStr, token: u64, lease_
     renewed
 }
 
-/// The connection the tenure `token` on (db, key) was bound to closed.
-pub fn end_holding(ctx: *mut Ctx, db: i32, key: &[u8], token: u64) {
+/// The connection the tenure `token` on (db, keyname) was bound to closed.
+pub fn end_holding(ctx: *mut Ctx, db: i32, keyname: *mut RStr, token: u64) {
     if select_db(ctx, db) {
-        let keyname = OwnedStr::new(key);
-        execute(ctx, keyname.ptr(), None, Action::EndTenure { token });
+        execute(ctx, keyname, None, Action::EndTenure { token });
     }
 }
 
