@@ -16,8 +16,8 @@ use redis_module::native_types::RedisType;
 use redis_module::raw;
 
 use crate::ffi::{api, now_ms};
-use crate::lock::encoding::{self, Layout};
-use crate::lock::{err, Compact, Delta, Holder, Kind, LockState, Owner};
+use crate::lock::encoding::{self, Layout, Whole};
+use crate::lock::{Compact, Delta, Holder, Kind, LockState, Owner};
 use crate::store::{Form, Stored};
 
 /// RDB encoding version of a lock value: 3 is one compact string per lock
@@ -59,13 +59,22 @@ pub fn raw_type() -> *mut raw::RedisModuleType {
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    let save =
-        |bytes: &[u8]| api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len());
-    match Stored::from_raw(value).form() {
-        Form::Packed(c) => save((*c).encode().as_slice()),
+    with_encoding(Stored::from_raw(value), |bytes| {
+        api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len())
+    })
+}
+
+/// Hands `f` the compact form of a stored lock (`lock::encoding`, current
+/// layout); a packed lock's is built on the stack, from its block.
+///
+/// # Safety
+/// A live value of the lock type.
+unsafe fn with_encoding<R>(stored: Stored, f: impl FnOnce(&[u8]) -> R) -> R {
+    match stored.form() {
+        Form::Packed(c) => f((*c).encode().as_slice()),
         Form::Full(v) => {
             let s = &*v;
-            save(&encoding::encode(
+            f(&encoding::encode(
                 s.kind(),
                 s.limit(),
                 s.holder_count(),
@@ -90,12 +99,12 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             }
         };
         match loaded {
-            Loaded::Packed(c) => {
+            Whole::Packed(c) => {
                 crate::token::observe(c.token());
                 crate::lease::loaded(rdb, Some(c.deadline()), false, now);
                 Stored::packed(c).raw()
             }
-            Loaded::State(state) => {
+            Whole::State(state) => {
                 state.iter().for_each(|h| crate::token::observe(h.token));
                 let (earliest, indexed) = (state.earliest_deadline(), state.is_indexed());
                 crate::lease::loaded(rdb, earliest, indexed, now);
@@ -105,45 +114,25 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
     })
 }
 
-/// A loaded value: already packed (the common lock, read straight into its
-/// block), or a state.
-enum Loaded {
-    Packed(Compact),
-    State(LockState),
-}
-
 unsafe fn load_value(
     rdb: *mut raw::RedisModuleIO,
     encver: c_int,
     max_token: u64,
-) -> Result<Loaded, String> {
-    let invalid = || err::INVALID_STATE.trim_start_matches("ERR ").to_string();
-    let (kind, limit, holders) = match encver {
-        ENCODING_VERSION | COMPACT_V2_VERSION => {
-            let buf = LoadedBuffer::read(rdb)?;
-            let layout = match encver {
-                ENCODING_VERSION => Layout::V3,
-                _ => Layout::V2,
-            };
-            // The common lock goes straight into its packed block; anything
-            // else is read as a whole state below.
-            if layout == Layout::V3 {
-                if let Some(c) = Compact::decode(buf.bytes()) {
-                    return if c.is_valid(max_token) {
-                        Ok(Loaded::Packed(c))
-                    } else {
-                        Err(invalid())
-                    };
-                }
-            }
-            encoding::decode(buf.bytes(), layout).ok_or("malformed lock encoding")?
+) -> Result<Whole, String> {
+    let why = |e: &str| e.trim_start_matches("ERR ").to_string();
+    let layout = match encver {
+        ENCODING_VERSION => Layout::V3,
+        COMPACT_V2_VERSION => Layout::V2,
+        FIELDS_VERSION => {
+            let (kind, limit, holders) = load_fields(rdb)?;
+            return LockState::from_parts(kind, limit, holders, max_token)
+                .map(Whole::State)
+                .map_err(why);
         }
-        FIELDS_VERSION => load_fields(rdb)?,
         _ => return Err(format!("unknown encoding version {encver}")),
     };
-    LockState::from_parts(kind, limit, holders, max_token)
-        .map(Loaded::State)
-        .map_err(|_| invalid())
+    let buf = LoadedBuffer::read(rdb)?;
+    encoding::read_whole(buf.bytes(), layout, max_token).map_err(why)
 }
 
 /// The string `RedisModule_LoadStringBuffer` read, freed on drop.
@@ -215,21 +204,19 @@ unsafe fn load_fields(rdb: *mut raw::RedisModuleIO) -> Result<encoding::Decoded,
     Ok((kind, 0, holders))
 }
 
-/// AOF rewrite writes each lock as one `RLOCK.DELTA key <S steps>`: every
-/// holder as it stands (after a semaphore's limit), in the compact form
-/// replication uses (the rewritten file is loaded into an empty keyspace,
-/// where the steps rebuild the lock).
+/// AOF rewrite writes each lock as one `RLOCK.DELTA key <W step>`: the lock
+/// in the compact form RDB stores (~37 bytes for a Redisson owner, which
+/// Redis keeps as one embedded string while the command loads), read straight
+/// back into its block. The key's TTL is not in it: Redis writes its own
+/// `PEXPIREAT` after every key that has one.
 unsafe extern "C" fn aof_rewrite(
     aof: *mut raw::RedisModuleIO,
     key: *mut raw::RedisModuleString,
     value: *mut c_void,
 ) {
-    let state = Stored::from_raw(value).state();
-    let mut delta = Delta::recording(state.kind());
-    if state.kind() == Kind::Semaphore {
-        delta.limit(state.limit());
-    }
-    state.iter().for_each(|h| delta.whole(h));
+    let stored = Stored::from_raw(value);
+    let mut delta = Delta::recording(stored.kind());
+    with_encoding(stored, |bytes| delta.lock(bytes));
     let bytes = delta.bytes();
     // The key must go through "s": Redis passes a stack-allocated key object
     // here, which "s" copies and "v" would try to retain (a server panic).

@@ -144,6 +144,14 @@ pub unsafe fn put(key: &Key, state: &mut LockState) -> Option<*mut LockState> {
     }
 }
 
+/// Stores a packed lock at an open key that holds no value.
+///
+/// # Safety
+/// `key` is open for writing and empty.
+pub unsafe fn put_packed(key: &Key, c: Compact) {
+    api!(RedisModule_ModuleTypeSetValue)(key.raw, lock_type(), Stored::packed(c).raw());
+}
+
 /// Writes a changed packed lock back: in its block when it still fits, else
 /// as a boxed state (returned) in place of the block.
 ///

@@ -197,6 +197,37 @@ fn delta_new(kind: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
     d
 }
 
+/// A whole lock of one writer as AOF rewrite writes it (a `W` step holding the
+/// RDB form), `head` the delta's family and `body` the lock's.
+fn delta_lock(head: u8, body: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
+    let mut d = vec![1, head, b'W', body, 1, (owner.len() as u8) << 1];
+    d.extend_from_slice(owner);
+    d.extend([0, 1]);
+    d.extend(token.to_le_bytes());
+    // The lease from the token's millisecond, zigzag varint.
+    let lease = deadline - (token >> 20) as i64;
+    let mut z = ((lease << 1) ^ (lease >> 63)) as u64;
+    while z >= 0x80 {
+        d.push(z as u8 | 0x80);
+        z >>= 7;
+    }
+    d.push(z as u8);
+    d
+}
+
+/// A whole lock of one writer as AOF rewrite wrote it before the `W` step:
+/// the holder as an `S` step.
+fn delta_whole(kind: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
+    let mut d = vec![1, kind, b'S'];
+    d.extend(token.to_le_bytes());
+    d.extend(deadline.to_le_bytes());
+    d.extend(0u32.to_le_bytes());
+    d.extend(1u32.to_le_bytes());
+    d.extend((owner.len() as u32).to_le_bytes());
+    d.extend_from_slice(owner);
+    d
+}
+
 #[test]
 fn old_aof_files_load_and_bad_deltas_change_nothing() {
     let now = unix_ms();
@@ -263,6 +294,40 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         b"new",
         &delta_new(0, 42, now + 600_000, b"n"),
     ]));
+    // Rewritten locks: as this version writes them and as the one before did,
+    // each with the PEXPIREAT Redis writes after it (the key's TTL).
+    let (t3, t4) = (((now as u64) << 20) + 3, ((now as u64) << 20) + 4);
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"w",
+        &delta_lock(0, 0, t3, now + 600_000, b"ow"),
+    ]));
+    aof.extend(resp(&[b"PEXPIREAT", b"w", deadline.as_bytes()]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"s",
+        &delta_whole(0, t4, now + 600_000, b"os"),
+    ]));
+    aof.extend(resp(&[b"PEXPIREAT", b"s", deadline.as_bytes()]));
+    // A whole lock over a lock, of another family than its delta says, cut,
+    // or with a token beyond the clock: refused too.
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"w",
+        &delta_lock(0, 0, t3 + 10, now + 600_000, b"x"),
+    ]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"mixed",
+        &delta_lock(0, 1, t3 + 11, now + 600_000, b"x"),
+    ]));
+    let cut = delta_lock(0, 0, t3 + 12, now + 600_000, b"x");
+    aof.extend(resp(&[b"RLOCK.DELTA", b"cut", &cut[..cut.len() - 1]]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"far2",
+        &delta_lock(0, 0, u64::MAX / 2, now + 600_000, b"x"),
+    ]));
 
     let s = Server::start_on_aof(&aof);
     let mut c = s.client();
@@ -283,8 +348,18 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         )),
         42
     );
+    for (key, owner, token) in [("w", "ow", t3), ("s", "os", t4)] {
+        let info = info_map(&mut c, &["RLOCK.INFO", key]).expect("a rewritten lock loads");
+        assert_eq!(as_string(&field(&info, "owner")), owner);
+        assert_eq!(as_int(&field(&info, "token")), token as i64);
+        let expires: i64 = cmd("PEXPIRETIME").arg(key).query(&mut c).unwrap();
+        assert_eq!(expires.to_string(), deadline, "{key}");
+    }
+    for key in ["mixed", "cut", "far2"] {
+        assert_eq!(int(&mut c, &["EXISTS", key]), 0, "{key}");
+    }
     let refused = s.log().matches("refused a replicated change").count();
-    assert_eq!(refused, 5, "{}", s.log());
+    assert_eq!(refused, 9, "{}", s.log());
     // Later tokens are above everything loaded, and nothing was poisoned.
     let t = int(&mut c, &["RLOCK.ACQUIRE", "next", "z"]);
     assert!(t > token2.parse::<i64>().unwrap());

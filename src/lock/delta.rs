@@ -16,7 +16,10 @@
 //! - `E token` the holder's lease ended;
 //! - `F` every holder ended (forced);
 //! - `S token deadline reads:u32 writes:u32 len:u32 owner` a holder as it stands
-//!   (AOF rewrite writes a whole lock as `S` steps on an empty key).
+//!   (AOF rewrites before the `W` step wrote a whole lock as `S` steps on an
+//!   empty key; still read);
+//! - `W lock` the whole lock in its RDB form (`encoding`, current layout), the
+//!   rest of the delta: how AOF rewrite writes a lock, onto an empty key only.
 
 use std::cell::Cell;
 
@@ -132,7 +135,16 @@ impl Delta {
         }
     }
 
+    /// The whole lock, `encoded` as RDB stores it: the last step.
+    pub fn lock(&mut self, encoded: &[u8]) {
+        if self.recording {
+            self.step(b'W', None, None, None);
+            self.buf.extend_from_slice(encoded);
+        }
+    }
+
     /// A holder exactly as it stands (reads, writes, token, deadline, owner).
+    #[cfg(test)]
     pub fn whole(&mut self, h: &super::Holder) {
         if self.recording {
             self.step(b'S', None, Some(h.token), Some(h.deadline));
@@ -195,6 +207,10 @@ pub enum Op<'a> {
         reads: u32,
         writes: u32,
         owner: &'a [u8],
+    },
+    /// A whole lock in its RDB form, not yet read (`encoding::read_whole`).
+    Lock {
+        encoded: &'a [u8],
     },
 }
 
@@ -280,6 +296,9 @@ impl<'a> Reader<'a> {
                     owner: self.take(len)?,
                 }
             }
+            b'W' => Op::Lock {
+                encoded: self.take(self.0.len())?,
+            },
             _ => return None,
         })
     }
@@ -302,6 +321,16 @@ impl<'a> std::ops::Deref for Steps<'a> {
             Steps::One(op) => std::slice::from_ref(op),
             Steps::Many(ops) => ops,
         }
+    }
+}
+
+impl Steps<'_> {
+    /// A whole lock as AOF rewrite writes it (a `W` step, or before it the
+    /// holders as `S` steps; nothing else writes either): the file carries
+    /// the key's TTL after it, in Redis's own `PEXPIREAT`.
+    pub fn is_rewritten_lock(&self) -> bool {
+        self.iter()
+            .any(|op| matches!(op, Op::Whole { .. } | Op::Lock { .. }))
     }
 }
 
@@ -571,6 +600,68 @@ mod tests {
         assert!(decode(cut.bytes()).is_none(), "zero permits");
     }
 
+    /// How AOF rewrite writes `state`.
+    fn rewritten(state: &LockState) -> Vec<u8> {
+        let mut d = Delta::recording(state.kind());
+        d.lock(&crate::lock::encoding::encode(
+            state.kind(),
+            state.limit(),
+            state.holder_count(),
+            state.iter(),
+        ));
+        d.bytes().to_vec()
+    }
+
+    #[test]
+    fn a_rewritten_lock_rebuilds_its_state_on_an_empty_key_only() {
+        let mut off = Delta::off();
+        let redisson = b"6f1c2a4e-8b1d-4e55-9a7c-3d2f1b0e9a11:1";
+        let mut one = LockState::new(Kind::Reentrant);
+        one.grant(redisson, Mode::Write, 50, &mut || Some(3), &mut off)
+            .unwrap();
+        let mut readers = LockState::new(Kind::ReadWrite);
+        for (i, owner) in [b"a", b"b", b"c"].iter().enumerate() {
+            let token = 10 + i as u64;
+            readers
+                .grant(*owner, Mode::Read, 60, &mut || Some(token), &mut off)
+                .unwrap();
+        }
+        let mut sem = LockState::new(Kind::Semaphore);
+        sem.set_limit(5, &mut off);
+        let two = Mode::Permits { count: 2, limit: 5 };
+        sem.grant(b"s", two, 70, &mut || Some(20), &mut off)
+            .unwrap();
+        for master in [one, readers, sem] {
+            let bytes = rewritten(&master);
+            // A Redisson lock fits an embedded string (44 bytes) as an argument.
+            assert!(master.holder_count() > 1 || bytes.len() <= 44, "{bytes:?}");
+            let (kind, steps) = decode(&bytes).unwrap();
+            assert_eq!(kind, master.kind());
+            assert!(steps.is_rewritten_lock());
+            let mut copy = LockState::new(kind);
+            copy.replay(&steps, 100).unwrap();
+            assert_eq!(copy, master);
+            // Not over a lock, not for another family, not past the tokens
+            // issued, and no cut or damaged form: each refused, nothing changed.
+            assert!(copy.replay(&steps, 100).is_err());
+            assert_eq!(copy, master);
+            let other = if kind == Kind::Fair {
+                Kind::Reentrant
+            } else {
+                Kind::Fair
+            };
+            assert!(LockState::new(other).replay(&steps, 100).is_err());
+            assert!(LockState::new(kind).replay(&steps, 2).is_err());
+            for cut in 3..bytes.len() {
+                let mut empty = LockState::new(kind);
+                if let Some((_, steps)) = decode(&bytes[..cut]) {
+                    assert!(empty.replay(&steps, 100).is_err(), "cut at {cut}");
+                }
+                assert!(empty.is_free());
+            }
+        }
+    }
+
     #[test]
     fn whole_steps_rebuild_a_state_on_an_empty_key_only() {
         let mut master = LockState::new(Kind::ReadWrite);
@@ -588,6 +679,10 @@ mod tests {
         let mut d = Delta::recording(Kind::ReadWrite);
         master.iter().for_each(|h| d.whole(h));
         let (_, ops) = decode(d.bytes()).unwrap();
+        assert!(ops.is_rewritten_lock());
+        let mut change = Delta::recording(Kind::ReadWrite);
+        master.clone().renew(b"r", 90, &mut change).unwrap();
+        assert!(!decode(change.bytes()).unwrap().1.is_rewritten_lock());
         let mut copy = LockState::new(Kind::ReadWrite);
         copy.replay(&ops, 100).unwrap();
         assert_eq!(copy, master);

@@ -15,7 +15,7 @@
 //! error; the result still goes through the state's rules.
 
 use super::compact::{redisson_owner, redisson_parts};
-use super::{Holder, Kind, Owner};
+use super::{err, Compact, Holder, Kind, LockState, Owner};
 
 /// The layouts of the compact form (RDB encoding versions 2 and 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,6 +247,32 @@ pub fn decode(bytes: &[u8], layout: Layout) -> Option<Decoded> {
     }
     r.is_done()
         .then_some((kind, u32::try_from(limit).ok()?, holders))
+}
+
+/// A whole lock read back from its compact form.
+pub enum Whole {
+    /// The common one-holder lock, read straight into its block (a load of a
+    /// million locks builds no `LockState` and parses no owner text).
+    Packed(Compact),
+    State(LockState),
+}
+
+/// The compact form was cut or damaged.
+pub const MALFORMED: &str = "malformed lock encoding";
+
+/// Reads a whole lock as RDB and AOF rewrite store it, held to the rules every
+/// state the commands make keeps (`err::INVALID_STATE`), or `MALFORMED`.
+pub fn read_whole(bytes: &[u8], layout: Layout, max_token: u64) -> Result<Whole, &'static str> {
+    if layout == Layout::V3 {
+        if let Some(c) = Compact::decode(bytes) {
+            return match c.is_valid(max_token) {
+                true => Ok(Whole::Packed(c)),
+                false => Err(err::INVALID_STATE),
+            };
+        }
+    }
+    let (kind, limit, holders) = decode(bytes, layout).ok_or(MALFORMED)?;
+    LockState::from_parts(kind, limit, holders, max_token).map(Whole::State)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::delta::{Delta, Op};
+use super::encoding::{read_whole, Layout, Whole};
 use super::{err, Kind, Mode, Owner};
 
 /// One owner's tenure on a lock. The token is fixed for the whole tenure; the
@@ -648,6 +649,18 @@ impl LockState {
                 self.insert(holder);
                 Undo::Remove(token)
             }
+            Op::Lock { encoded } => {
+                let whole = match read_whole(encoded, Layout::V3, max_token).map_err(|_| bad)? {
+                    Whole::Packed(c) => c.unpack(),
+                    Whole::State(s) => s,
+                };
+                if !self.is_free() || whole.kind != self.kind {
+                    return Err(bad);
+                }
+                let before = Undo::Free { limit: self.limit };
+                *self = whole;
+                before
+            }
             Op::Force => {
                 if self.is_free() {
                     return Err(bad);
@@ -689,6 +702,10 @@ impl LockState {
             }
             Undo::Holders(all) => self.holders = all,
             Undo::Limit(limit) => self.limit = limit,
+            Undo::Free { limit } => {
+                self.holders = Holders::Empty;
+                self.limit = limit;
+            }
         }
     }
 }
@@ -705,6 +722,10 @@ enum Undo {
     },
     Holders(Holders),
     Limit(u32),
+    /// The state was free, with this limit.
+    Free {
+        limit: u32,
+    },
 }
 
 impl Undo {
