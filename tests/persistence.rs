@@ -122,11 +122,24 @@ fn aof_roundtrip(preamble: &str, rewrite: bool) {
         }
     }
     let before = digest(&mut c);
+    let ttls = |c: &mut Connection| -> Vec<i64> {
+        ["r", "f", "rw"]
+            .iter()
+            .map(|k| cmd("PEXPIRETIME").arg(*k).query(c).unwrap())
+            .collect()
+    };
+    let ttls_before = ttls(&mut c);
+    assert_eq!(ttls_before[1], -1, "PERSIST took the TTL off");
     s.restart();
     let mut c = s.client();
     assert_eq!(
         digest(&mut c),
         before,
+        "preamble={preamble} rewrite={rewrite}"
+    );
+    assert_eq!(
+        ttls(&mut c),
+        ttls_before,
         "preamble={preamble} rewrite={rewrite}"
     );
     assert_state(&mut c, &tokens);
