@@ -4,10 +4,10 @@
 //! Above `store` (the value), it may call into the machinery a load sets off
 //! (tokens, leases).
 //!
-//! Every loader (RDB, RESTORE, RLOCK.SETSTATE) builds the state through
-//! `LockState::from_holders`, the one validation; a one-holder lock read
-//! straight into its packed form is held to the same rules
-//! (`LockState::lone_holds_valid`).
+//! Every loader (RDB, RESTORE, RLOCK.SETSTATE, a rewritten lock in the AOF)
+//! builds the state through `LockState::from_parts`, the one validation; a
+//! one-holder lock read straight into its packed form is held to the same
+//! rules (`LockState::lone_holds_valid`), both in `encoding::read_whole`.
 
 use std::os::raw::{c_int, c_void};
 use std::ptr;
