@@ -197,12 +197,11 @@ fn delta_new(kind: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
     d
 }
 
-/// A whole lock of one writer as AOF rewrite writes it (a `W` step holding the
-/// RDB form), `head` the delta's family and `body` the lock's.
-fn delta_lock(head: u8, body: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
-    let mut d = vec![1, head, b'W', body, 1, (owner.len() as u8) << 1];
+/// One holder in the RDB form of a lock (a short raw owner, counts below 128).
+fn encoded_holder(owner: &[u8], reads: u8, writes: u8, token: u64, deadline: i64) -> Vec<u8> {
+    let mut d = vec![(owner.len() as u8) << 1];
     d.extend_from_slice(owner);
-    d.extend([0, 1]);
+    d.extend([reads, writes]);
     d.extend(token.to_le_bytes());
     // The lease from the token's millisecond, zigzag varint.
     let lease = deadline - (token >> 20) as i64;
@@ -212,6 +211,14 @@ fn delta_lock(head: u8, body: u8, token: u64, deadline: i64, owner: &[u8]) -> Ve
         z >>= 7;
     }
     d.push(z as u8);
+    d
+}
+
+/// A whole lock of one writer as AOF rewrite writes it (a `W` step holding the
+/// RDB form), `head` the delta's family and `body` the lock's.
+fn delta_lock(head: u8, body: u8, token: u64, deadline: i64, owner: &[u8]) -> Vec<u8> {
+    let mut d = vec![1, head, b'W', body, 1];
+    d.extend(encoded_holder(owner, 0, 1, token, deadline));
     d
 }
 
@@ -309,6 +316,13 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         &delta_whole(0, t4, now + 600_000, b"os"),
     ]));
     aof.extend(resp(&[b"PEXPIREAT", b"s", deadline.as_bytes()]));
+    // A rewritten read lock with two readers (not the packed one-holder form)
+    // whose tokens are a day ahead of this clock: later grants go above them.
+    let ahead = ((now as u64 + 86_400_000) << 20) + 5;
+    let mut readers = vec![1u8, 2, b'W', 2, 2];
+    readers.extend(encoded_holder(b"ra", 1, 0, ahead, now + 600_000));
+    readers.extend(encoded_holder(b"rb", 2, 0, ahead + 1, now + 600_000));
+    aof.extend(resp(&[b"RLOCK.DELTA", b"readers", &readers]));
     // A whole lock over a lock, of another family than its delta says, cut,
     // or with a token beyond the clock: refused too.
     aof.extend(resp(&[
@@ -355,6 +369,13 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         let expires: i64 = cmd("PEXPIRETIME").arg(key).query(&mut c).unwrap();
         assert_eq!(expires.to_string(), deadline, "{key}");
     }
+    let info = info_map(&mut c, &["RWLOCK.INFO", "readers"]).expect("rewritten readers load");
+    match field(&info, "readers") {
+        Value::Array(a) => assert_eq!(a.len(), 2),
+        other => panic!("{other:?}"),
+    }
+    let after = int(&mut c, &["RLOCK.ACQUIRE", "after-readers", "z"]);
+    assert!(after > (ahead + 1) as i64, "{after} after {}", ahead + 1);
     for key in ["mixed", "cut", "far2"] {
         assert_eq!(int(&mut c, &["EXISTS", key]), 0, "{key}");
     }

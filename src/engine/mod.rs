@@ -432,8 +432,11 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
         Action::Replay(_, ops) => match state.replay(&ops, token::max_accepted(now)) {
             Ok(()) => {
                 for op in ops.iter() {
-                    if let Op::New { token: t, .. } | Op::Whole { token: t, .. } = op {
-                        token::observe(*t);
+                    match op {
+                        Op::New { token: t, .. } | Op::Whole { token: t, .. } => token::observe(*t),
+                        // Only onto an empty key: its holders are the state's.
+                        Op::Lock { .. } => state.iter().for_each(|h| token::observe(h.token)),
+                        _ => {}
                     }
                 }
                 change.dirty = true;
