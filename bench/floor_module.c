@@ -1,0 +1,112 @@
+/*
+ * The least a lock in a Redis module can cost: what bench/module-floor.sh
+ * measures RLOCK.ACQUIRE against, to tell the cost of the module API (paid by
+ * any module) from rlock's own.
+ *
+ *   FLOOR.LOCK key owner PX ms        -> 1 or 0
+ *   FLOOR.TOKENLOCK key owner PX ms   -> a 19-digit token or 0
+ *
+ * Each opens the key, and if it is empty stores a 48-byte value (deadline,
+ * token, up to 24 owner bytes: rlock's packed lock is also 48 bytes) and sets
+ * the key's TTL to the deadline. Nothing else: no reentrancy, no queue, no
+ * replication, no notification, no persistence (the type saves nothing).
+ * TOKENLOCK replies with a fencing-token-sized integer as RLOCK.ACQUIRE does;
+ * LOCK replies with Redis's shared `:1`.
+ *
+ * A measuring tool, not part of rlock. Built by bench/module-floor.sh.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <strings.h>
+
+#include "redismodule.h"
+
+typedef struct {
+    long long deadline;
+    uint64_t token;
+    size_t len;
+    char owner[24];
+} FloorLock;
+
+static RedisModuleType *floor_type;
+static uint64_t last_token = 1760000000000000000ULL;
+
+static void *floor_rdb_load(RedisModuleIO *io, int encver) {
+    (void)io;
+    (void)encver;
+    return NULL;
+}
+
+static void floor_rdb_save(RedisModuleIO *io, void *value) {
+    (void)io;
+    (void)value;
+}
+
+static void floor_free(void *value) { RedisModule_Free(value); }
+
+/* 0 when stored, 1 when the key was taken, -1 after replying an error. */
+static int floor_take(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, uint64_t token) {
+    if (argc != 5) {
+        RedisModule_WrongArity(ctx);
+        return -1;
+    }
+    size_t optlen;
+    const char *opt = RedisModule_StringPtrLen(argv[3], &optlen);
+    long long ms;
+    if (optlen != 2 || strncasecmp(opt, "PX", 2) != 0 ||
+        RedisModule_StringToLongLong(argv[4], &ms) != REDISMODULE_OK || ms <= 0) {
+        RedisModule_ReplyWithError(ctx, "ERR syntax error");
+        return -1;
+    }
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    if (RedisModule_KeyType(key) != REDISMODULE_KEYTYPE_EMPTY) {
+        RedisModule_CloseKey(key);
+        return 1;
+    }
+    size_t len;
+    const char *owner = RedisModule_StringPtrLen(argv[2], &len);
+    FloorLock *lock = RedisModule_Alloc(sizeof(*lock));
+    lock->deadline = RedisModule_Milliseconds() + ms;
+    lock->token = token;
+    lock->len = len;
+    memcpy(lock->owner, owner, len < sizeof(lock->owner) ? len : sizeof(lock->owner));
+    RedisModule_ModuleTypeSetValue(key, floor_type, lock);
+    RedisModule_SetAbsExpire(key, lock->deadline);
+    RedisModule_CloseKey(key);
+    return 0;
+}
+
+static int floor_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    int taken = floor_take(ctx, argv, argc, 0);
+    if (taken < 0) return REDISMODULE_OK;
+    return RedisModule_ReplyWithLongLong(ctx, taken ? 0 : 1);
+}
+
+static int floor_token_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    uint64_t token = last_token + 1;
+    int taken = floor_take(ctx, argv, argc, token);
+    if (taken < 0) return REDISMODULE_OK;
+    if (!taken) last_token = token;
+    return RedisModule_ReplyWithLongLong(ctx, taken ? 0 : (long long)token);
+}
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    if (RedisModule_Init(ctx, "floorlock", 1, REDISMODULE_APIVER_1) == REDISMODULE_ERR)
+        return REDISMODULE_ERR;
+    RedisModuleTypeMethods methods = {
+        .version = REDISMODULE_TYPE_METHOD_VERSION,
+        .rdb_load = floor_rdb_load,
+        .rdb_save = floor_rdb_save,
+        .free = floor_free,
+    };
+    floor_type = RedisModule_CreateDataType(ctx, "floorlck1", 0, &methods);
+    if (floor_type == NULL) return REDISMODULE_ERR;
+    if (RedisModule_CreateCommand(ctx, "floor.lock", floor_lock, "write deny-oom fast", 1, 1, 1) ==
+            REDISMODULE_ERR ||
+        RedisModule_CreateCommand(ctx, "floor.tokenlock", floor_token_lock, "write deny-oom fast", 1,
+                                  1, 1) == REDISMODULE_ERR)
+        return REDISMODULE_ERR;
+    return REDISMODULE_OK;
+}
