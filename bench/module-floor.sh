@@ -81,7 +81,9 @@ one() {
 
 for r in $(seq 1 "$ROUNDS"); do
     for name in $(printf '%s\n' $variants | shuf); do
-        echo "$r $name $(one "$name")" >> "$work/times"
+        us=$(one "$name")
+        [ -n "$us" ] || { echo "no time for $name; server log:" >&2; cat "$work/server.log" >&2; exit 1; }
+        echo "$r $name $us" >> "$work/times"
     done
 done
 
