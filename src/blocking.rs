@@ -38,7 +38,7 @@ use std::os::raw::{c_int, c_void};
 use redis_module::raw::{self, RedisModuleBlockedClient};
 
 use crate::ffi::{api, bytes, now_ms, send, Ctx, RStr, Reply, OK};
-use crate::lock::{Delta, Kind, LockState, Mode, Served, WaitQueue, Waiter};
+use crate::lock::{Delta, Kind, LockState, Mode, Owner, Served, WaitQueue, Waiter};
 use crate::stats;
 
 enum Status {
@@ -199,7 +199,7 @@ fn enqueue_on(
                 .or_insert_with(|| WaitQueue::new(kind));
             q.push(Waiter {
                 id,
-                owner: owner.to_vec(),
+                owner: Owner::new(owner),
                 mode,
                 lease_ms,
                 deadline: 0,
@@ -223,13 +223,13 @@ pub fn park(
 ) {
     let keepalive = keepalive_lease.map(|lease| (crate::engine::client_id(ctx), lease));
     let mut names = keynames.to_vec();
-    let privdata = Box::into_raw(Box::new(id)).cast::<c_void>();
+    let privdata = id_as_privdata(id);
     let bc = unsafe {
         api!(RedisModule_BlockClientOnKeys)(
             ctx,
             Some(on_key_ready),
             Some(on_timeout),
-            Some(free_privdata),
+            None,
             0,
             names.as_mut_ptr(),
             names.len() as c_int,
@@ -350,7 +350,7 @@ pub fn queued_waiters() -> Vec<QueuedKey> {
                 locks.map(move |(key, q)| QueuedKey {
                     db: *db,
                     key: key.clone(),
-                    waiters: q.waiters().map(|w| (w.id, w.owner.clone())).collect(),
+                    waiters: q.waiters().map(|w| (w.id, w.owner.to_vec())).collect(),
                 })
             })
             .collect()
@@ -377,7 +377,7 @@ pub fn multi_waiter(id: u64) -> Option<MultiWaiter> {
         matches!(rec.status, Status::Waiting).then(|| (rec.db, rec.keys.clone(), rec.deadline))
     })?;
     let (owner, lease_ms) = with_queue(db, &keys[0], |q| {
-        q.get(id).map(|w| (w.owner.clone(), w.lease_ms))
+        q.get(id).map(|w| (w.owner.to_vec(), w.lease_ms))
     })??;
     Some(MultiWaiter {
         db,
@@ -539,9 +539,19 @@ fn unblock(id: u64, status: Status) {
     }
 }
 
+// A waiter's id is its blocked client's private data, carried in the pointer
+// itself: nothing to allocate when it parks, and nothing (cold by the time
+// its turn comes) to read or free when it is answered. Ids start at 1, so
+// the pointer is never null, and they are 64 bits, as pointers are here.
+const _: () = assert!(usize::BITS == u64::BITS);
+
+fn id_as_privdata(id: u64) -> *mut c_void {
+    std::ptr::without_provenance_mut(id as usize)
+}
+
 unsafe fn waiter_id(ctx: *mut Ctx) -> Option<u64> {
-    let p = api!(RedisModule_GetBlockedClientPrivateData)(ctx) as *const u64;
-    (!p.is_null()).then(|| *p)
+    let p = api!(RedisModule_GetBlockedClientPrivateData)(ctx);
+    (!p.is_null()).then(|| p.addr() as u64)
 }
 
 /// A waiter left on its own (timeout, CLIENT UNBLOCK, disconnect): dequeue it,
@@ -623,12 +633,6 @@ unsafe extern "C" fn on_disconnect(ctx: *mut Ctx, _bc: *mut RedisModuleBlockedCl
             depart(ctx, id);
         }
     })
-}
-
-unsafe extern "C" fn free_privdata(_ctx: *mut Ctx, privdata: *mut c_void) {
-    if !privdata.is_null() {
-        drop(Box::from_raw(privdata as *mut u64));
-    }
 }
 
 /// Whether the current call may park the client (not in MULTI, Lua, a

@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use super::{err, Admission, Delta, Kind, LockState, Mode};
+use super::{err, Admission, Delta, Kind, LockState, Mode, Owner};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiter {
     pub id: u64,
-    pub owner: Vec<u8>,
+    /// Inline for the usual owner: serving reads it when the waiter's turn
+    /// comes, long after it parked, and a separate block would be cold.
+    pub owner: Owner,
     pub mode: Mode,
     pub lease_ms: i64,
     /// Absolute unix ms of the end of its BLOCK time (0: waits forever). Past
@@ -188,7 +190,7 @@ mod tests {
     fn waiter(id: u64, owner: &str, mode: Mode) -> Waiter {
         Waiter {
             id,
-            owner: owner.as_bytes().to_vec(),
+            owner: Owner::new(owner.as_bytes()),
             mode,
             lease_ms: 1000,
             deadline: 0,
