@@ -458,16 +458,25 @@ fn main() {
 
     if run_any(&["e", "e1", "readers"]) {
         progress("(e) RWLOCK READ ops with N readers in");
-        for &n in &env.cfg.readers {
-            for x in readers::readers_scale(&env, readers::Shared::Readers, n, env.cfg.reader_ops) {
+        {
+            let sizes = &env.cfg.readers;
+            for x in
+                readers::readers_scale(&env, readers::Shared::Readers, sizes, env.cfg.reader_ops)
+            {
                 progress(&format!(
-                    "  {n:>7} readers{:<16} acquire {:8.2} us  renew {:8.2} us  release {:8.2} us{}",
+                    "  {:>7} readers{:<16} acquire {:8.2} us  renew {:8.2} us  release {:8.2} us{}",
+                    x.readers,
                     if x.replica { ", with a replica" } else { "" },
                     x.acquire.us_per_call,
                     x.renew.us_per_call,
                     x.release.us_per_call,
-                    match (x.acquire.bytes_per_change, x.renew.bytes_per_change, x.release.bytes_per_change) {
-                        (Some(a), Some(b), Some(c)) => format!("  bytes/change {a:.0} / {b:.0} / {c:.0}"),
+                    match (
+                        x.acquire.bytes_per_change,
+                        x.renew.bytes_per_change,
+                        x.release.bytes_per_change
+                    ) {
+                        (Some(a), Some(b), Some(c)) =>
+                            format!("  bytes/change {a:.0} / {b:.0} / {c:.0}"),
                         _ => String::new(),
                     }
                 ));
@@ -596,11 +605,12 @@ fn main() {
         }
         progress("(s) semaphores: ops with N holdings in");
         let top = env.cfg.readers.iter().copied().max().unwrap_or(1);
-        for n in [1, top] {
+        {
             let shared = readers::Shared::Permits;
-            for x in readers::readers_scale(&env, shared, n, env.cfg.reader_ops) {
+            for x in readers::readers_scale(&env, shared, &[1, top], env.cfg.reader_ops) {
                 progress(&format!(
-                    "  {n:>7} holdings{:<16} acquire {:8.2} us  renew {:8.2} us  release {:8.2} us",
+                    "  {:>7} holdings{:<16} acquire {:8.2} us  renew {:8.2} us  release {:8.2} us",
+                    x.readers,
                     if x.replica { ", with a replica" } else { "" },
                     x.acquire.us_per_call,
                     x.renew.us_per_call,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::locks::owner;
 use crate::resp::{poll_readable, Conn, Value};
 use crate::scale::{native_waiting, wait_until, LONG_LEASE_MS};
-use crate::server::{Pinger, Server, Stall};
+use crate::server::{apart, Pinger, Server, Stall};
 use crate::{cmd, q, Env};
 
 const KEY: &str = "readers";
@@ -98,13 +98,14 @@ fn reader(i: usize) -> String {
 /// Rounds of `three_ops_once`; each op's cost is the median of the rounds'
 /// means. One command at a time is a few µs, so a single preemption of the
 /// server (client, server and replica share 2 cores) can double a round's mean:
-/// the median keeps such a round from deciding the result.
+/// the median keeps such a round from deciding the result. The sizes take
+/// turns round by round (every size's servers are up at once), so a spell of
+/// background load or a quiet one falls on all of them alike: the targets
+/// compare the sizes, and a run once measured the 1-holder baseline at half its
+/// usual time while the other sizes were as usual.
 pub const ROUNDS: usize = 5;
 
-fn three_ops(srv: &Server, shared: Shared, base: usize, m: usize, replica: bool) -> [OpCost; 3] {
-    let rounds: Vec<[OpCost; 3]> = (0..ROUNDS)
-        .map(|_| three_ops_once(srv, shared, base, m, replica))
-        .collect();
+fn median_costs(rounds: &[[OpCost; 3]], replica: bool) -> [OpCost; 3] {
     std::array::from_fn(|k| {
         let of = |f: fn(&OpCost) -> f64| -> Vec<f64> { rounds.iter().map(|r| f(&r[k])).collect() };
         OpCost {
@@ -114,6 +115,25 @@ fn three_ops(srv: &Server, shared: Shared, base: usize, m: usize, replica: bool)
                 .then(|| crate::uncontended::median(&of(|o| o.bytes_per_change.unwrap_or(0.0)))),
         }
     })
+}
+
+/// `ROUNDS` rounds of the ops on every server (each holding `sizes[i]`
+/// holders), the servers taking turns within each round; `base` names the
+/// joining readers after the ones loaded.
+fn interleaved_ops(
+    servers: &[(usize, Server)],
+    shared: Shared,
+    base: impl Fn(usize) -> usize,
+    m: usize,
+    replica: bool,
+) -> Vec<[OpCost; 3]> {
+    let mut rounds: Vec<Vec<[OpCost; 3]>> = servers.iter().map(|_| Vec::new()).collect();
+    for _ in 0..ROUNDS {
+        for ((n, srv), out) in servers.iter().zip(rounds.iter_mut()) {
+            out.push(three_ops_once(srv, shared, base(*n), m, replica));
+        }
+    }
+    rounds.iter().map(|r| median_costs(r, replica)).collect()
 }
 
 /// `m` times (or until the budget is spent): a new reader joins, renews its
@@ -173,52 +193,69 @@ fn three_ops_once(
     })
 }
 
-/// N readers (or semaphore holdings) on one key: the ops without a replica,
-/// then a replica is attached (full sync) and the same ops again.
-pub fn readers_scale(env: &Env, shared: Shared, n: usize, m: usize) -> Vec<ReadersScale> {
-    let srv = Server::start(&env.module, None);
-    let t0 = Instant::now();
-    let mut c = srv.conn();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        for &i in chunk {
-            shared.queue_acquire(&mut c, &reader(i));
+/// N readers (or semaphore holdings) on one key, for every N in `sizes`: the
+/// ops without a replica, then a replica is attached to each (full sync) and
+/// the same ops again. Rows in the order of `sizes`, without then with a replica.
+pub fn readers_scale(env: &Env, shared: Shared, sizes: &[usize], m: usize) -> Vec<ReadersScale> {
+    let mut servers = Vec::new();
+    let mut load = Vec::new();
+    for &n in sizes {
+        let srv = Server::start(&env.module, None);
+        let t0 = Instant::now();
+        let mut c = srv.conn();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+            for &i in chunk {
+                shared.queue_acquire(&mut c, &reader(i));
+            }
+            c.flush().expect("send");
+            for v in c.read_n(chunk.len()).expect("replies") {
+                assert!(matches!(v, Value::Int(_)), "load reader: {v:?}");
+            }
         }
-        c.flush().expect("send");
-        for v in c.read_n(chunk.len()).expect("replies") {
-            assert!(matches!(v, Value::Int(_)), "load reader: {v:?}");
-        }
+        let load_s = t0.elapsed().as_secs_f64();
+        crate::progress(&format!("  {n} {shared:?} holders loaded in {load_s:.1} s"));
+        servers.push((n, srv));
+        load.push(load_s);
     }
-    let load_s = t0.elapsed().as_secs_f64();
-    crate::progress(&format!("  {n} {shared:?} holders loaded in {load_s:.1} s"));
-    let mut out = Vec::new();
-    let [acquire, renew, release] = three_ops(&srv, shared, n, m, false);
-    out.push(ReadersScale {
-        readers: n,
-        replica: false,
-        acquire,
-        renew,
-        release,
-        replica_digest_equal: None,
-        load_s,
+    let masters: Vec<u32> = servers.iter().map(|(_, srv)| srv.pid).collect();
+    let plain = apart(&masters, || {
+        interleaved_ops(&servers, shared, |n| n, m, false)
     });
-    let replica = srv.start_replica(Some(&env.module));
-    let [acquire, renew, release] = three_ops(&srv, shared, n + m, m, true);
-    // (Not WAIT: it waits for the offset of this connection's own writes.)
-    replica.wait_caught_up(&srv, Duration::from_secs(120));
+    // The replicas are not pinned: they answer nobody, and apply the stream on
+    // whichever CPU is free.
+    let replicas: Vec<Server> = servers
+        .iter()
+        .map(|(_, srv)| srv.start_replica(Some(&env.module)))
+        .collect();
+    let linked = apart(&masters, || {
+        interleaved_ops(&servers, shared, |n| n + m, m, true)
+    });
     let digest = |s: &Server| {
         let mut c = s.conn();
         cmd!(c; "DEBUG", "DIGEST-VALUE", KEY).expect("DIGEST-VALUE")
     };
-    let equal = digest(&srv) == digest(&replica);
-    out.push(ReadersScale {
-        readers: n,
-        replica: true,
-        acquire,
-        renew,
-        release,
-        replica_digest_equal: Some(equal),
-        load_s,
-    });
+    let mut out = Vec::new();
+    let rows = servers
+        .iter()
+        .zip(&replicas)
+        .zip(plain.into_iter().zip(linked));
+    for ((((n, srv), replica), (plain, linked)), load_s) in rows.zip(load) {
+        // (Not WAIT: it waits for the offset of this connection's own writes.)
+        replica.wait_caught_up(srv, Duration::from_secs(120));
+        let equal = digest(srv) == digest(replica);
+        for (costs, digest_equal) in [(plain, None), (linked, Some(equal))] {
+            let [acquire, renew, release] = costs;
+            out.push(ReadersScale {
+                readers: *n,
+                replica: digest_equal.is_some(),
+                acquire,
+                renew,
+                release,
+                replica_digest_equal: digest_equal,
+                load_s,
+            });
+        }
+    }
     out
 }
 

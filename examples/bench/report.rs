@@ -857,7 +857,9 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
              and runs the same steps. Every connection has had a reply (PING) before it parks, \
              as a client that has been talking to the server has. The N = 1 and the large-N \
              servers run side by side and take turns (a tenth of the releases at a time), so \
-             background load touches both alike. Afterwards every parked connection is checked \
+             background load touches both alike, both pinned to one CPU and this program to \
+             another (which core a server got otherwise decided the ratio: see the findings). \
+             Afterwards every parked connection is checked \
              for a reply: \"woken\" counts the clients that received one in all the releases \
              (each reply is a grant; the grants expected are exactly one per release). \
              Redisson: N connections SUBSCRIBEd to the lock's channel (its waiters), then \

@@ -294,13 +294,16 @@ pub fn native_release(env: &Env, lock: Lock, n: usize, m: usize) -> (Waiters, Wa
     let mut one = SteadyQueue::new(env, lock, 1);
     let mut many = SteadyQueue::new(env, lock, n);
     let chunk = (m / 10).max(1);
-    while one.releases < m {
-        for q in [&mut one, &mut many] {
-            for _ in 0..chunk.min(m - q.releases) {
-                q.release();
+    // One release at a time: see `apart`.
+    crate::server::apart(&[one.srv.pid, many.srv.pid], || {
+        while one.releases < m {
+            for q in [&mut one, &mut many] {
+                for _ in 0..chunk.min(m - q.releases) {
+                    q.release();
+                }
             }
         }
-    }
+    });
     (one.finish(), many.finish())
 }
 

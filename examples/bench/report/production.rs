@@ -363,9 +363,13 @@ pub fn render_readers(w: &mut String, r: &Results) {
              N + 1 readers throughout. Server µs per call from `INFO commandstats` (after \
              `CONFIG RESETSTAT`) per round; the tables give the median of the rounds (a call is \
              a few µs, so one preemption of the server on this shared machine can double a \
-             round's mean). \
-             Then a replica is attached to the same server (full sync, link up) and the same \
-             ops run again; bytes per change = the growth of `master_repl_offset` over each \
+             round's mean). Every size has its own server, all up at once, and they take turns \
+             round by round, so background load falls on every size alike; while the ops run, \
+             every master is pinned to one CPU and this program to another (a server on the \
+             client's core finds each request hot in the shared caches, which can halve its \
+             time per call: which core it got decided rows before). \
+             Then a replica is attached to each server (full sync, link up) and the same \
+             ops run again, the same way; bytes per change = the growth of `master_repl_offset` over each \
              command (read after its reply), divided by the calls. The ops stop early after \
              {} s or {} MB sent to the replica per round (the calls column says how \
              many ran). \"Replica in sync\": once the replica has applied the whole stream (its \
