@@ -79,7 +79,8 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Kind::Semaphore => (args::Grammar::SEMAPHORE_ACQUIRE, true),
         _ => (args::Grammar::ACQUIRE, false),
     };
-    let opts = match args::options(rest(argv, first_opt), grammar, now_ms()) {
+    let now = now_ms();
+    let opts = match args::options(rest(argv, first_opt), grammar, now) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
@@ -104,7 +105,7 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         block: opts.block_ms,
         keepalive: opts.keepalive,
     };
-    engine::execute(ctx, argv[1], Some(kind), action)
+    engine::execute_at(ctx, argv[1], Some(kind), action, now)
 }
 
 pub fn release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
@@ -129,7 +130,8 @@ pub fn renew(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(rest(argv, first_opt), args::Grammar::RENEW, now_ms()) {
+    let now = now_ms();
+    let opts = match args::options(rest(argv, first_opt), args::Grammar::RENEW, now) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
@@ -138,7 +140,8 @@ pub fn renew(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
     if crate::min_replicas::refuses_writes() {
         return Reply::err(crate::min_replicas::NOREPLICAS_ERR);
     }
-    engine::execute(ctx, argv[1], Some(kind), Action::Renew { owner, lease_ms })
+    let action = Action::Renew { owner, lease_ms };
+    engine::execute_at(ctx, argv[1], Some(kind), action, now)
 }
 
 pub fn force_release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {

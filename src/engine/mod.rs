@@ -266,7 +266,18 @@ fn open<'a>(
 /// Runs `action` on the lock at `keyname`. `kind: None` accepts any lock family
 /// (internal callers); a command passes its own family and gets WRONGTYPE otherwise.
 pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Action) -> Reply {
-    let now = now_ms();
+    execute_at(ctx, keyname, kind, action, now_ms())
+}
+
+/// `execute` at `now`, the clock its caller already read (a clock read is a
+/// tenth of an uncontended acquire's own work).
+pub fn execute_at(
+    ctx: *mut Ctx,
+    keyname: *mut RStr,
+    kind: Option<Kind>,
+    action: Action,
+    now: i64,
+) -> Reply {
     let wanted = match &action {
         Action::Replay(k, _) => Some(*k),
         Action::SetState(s) => Some(s.kind()),
