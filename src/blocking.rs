@@ -34,6 +34,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use redis_module::raw::{self, RedisModuleBlockedClient};
 
@@ -75,7 +76,6 @@ struct Registry {
     next_id: u64,
     records: HashMap<u64, Record>,
     queues: HashMap<i32, HashMap<Vec<u8>, WaitQueue>>,
-    queued: usize,
     /// (BLOCK deadline, waiter id) of every parked waiter with a timeout.
     deadlines: BTreeSet<(i64, u64)>,
     /// (parked at, waiter id) of the waiters deadlock detection has not checked.
@@ -103,9 +103,7 @@ impl Registry {
         if self.records.is_empty() && self.records.capacity() > 64 {
             self.records.shrink_to_fit();
         }
-        if self.queued == 0
-            && self.queues.values().all(|q| q.is_empty())
-            && self.queues.capacity() > 8
+        if !any_queued() && self.queues.values().all(|q| q.is_empty()) && self.queues.capacity() > 8
         {
             self.queues = HashMap::new();
         }
@@ -114,6 +112,19 @@ impl Registry {
 
 thread_local! {
     static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
+}
+
+/// Queue entries on every key (a multi-key waiter counts once per key). Kept
+/// outside the registry because every lock command asks whether it is zero:
+/// a plain global load, where the registry is a thread-local (a call into the
+/// dynamic linker from a loaded module). Only the main thread writes it.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
+
+fn add_queued(added: usize, removed: usize) {
+    QUEUED.store(
+        QUEUED.load(Ordering::Relaxed) + added - removed,
+        Ordering::Relaxed,
+    );
 }
 
 fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
@@ -127,7 +138,7 @@ pub fn parked() -> usize {
 
 /// Whether any queue exists at all: the fast path of every lock command.
 pub fn any_queued() -> bool {
-    with(|r| r.queued > 0)
+    QUEUED.load(Ordering::Relaxed) > 0
 }
 
 /// Runs `f` on the queue of a key, if it has one. Removes the queue once empty.
@@ -141,7 +152,7 @@ pub fn with_queue<R>(db: i32, key: &[u8], f: impl FnOnce(&mut WaitQueue) -> R) -
         if q.is_empty() {
             queues.remove(key);
         }
-        r.queued = r.queued + after - before;
+        add_queued(after, before);
         Some(out)
     })
 }
@@ -206,7 +217,7 @@ fn enqueue_on(
                 multi,
             });
         }
-        r.queued += keys.len();
+        add_queued(keys.len(), 0);
         id
     })
 }
