@@ -23,7 +23,7 @@ if [ -z "$so" ]; then
     so=target/release/librlock.so
 fi
 so=$(readlink -f "$so")
-header=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/redis-module-*/src/include/redismodule.h 2>/dev/null | tail -1)
+header=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/redis-module-*/src/include/redismodule.h 2>/dev/null | tail -1 || true)
 [ -n "$header" ] || { echo "redismodule.h not found (build the module once with cargo)" >&2; exit 1; }
 work=$(mktemp -d /tmp/rlock-module-floor.XXXXXX)
 trap 'rm -rf "$work"' EXIT
