@@ -71,7 +71,8 @@ pub fn acquire_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(words(rest), args::Grammar::ACQUIRE, now_ms()) {
+    let now = now_ms();
+    let opts = match args::options(words(rest), args::Grammar::ACQUIRE, now) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
@@ -83,7 +84,8 @@ pub fn acquire_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         return Reply::err(min_replicas::NOREPLICAS_ERR);
     }
     let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
-    engine::acquire_all(ctx, keys, owner, lease_ms, opts.block_ms, opts.keepalive)
+    let (block, keepalive) = (opts.block_ms, opts.keepalive);
+    engine::acquire_all(ctx, keys, owner, lease_ms, block, keepalive, now)
 }
 
 pub fn release_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
@@ -102,7 +104,8 @@ pub fn renew_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let opts = match args::options(words(rest), args::Grammar::RENEW, now_ms()) {
+    let now = now_ms();
+    let opts = match args::options(words(rest), args::Grammar::RENEW, now) {
         Ok(o) => o,
         Err(e) => return Reply::err(e),
     };
@@ -110,5 +113,5 @@ pub fn renew_all(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         return Reply::err(min_replicas::NOREPLICAS_ERR);
     }
     let lease_ms = opts.lease_ms.unwrap_or_else(config::default_lease_ms);
-    engine::renew_all(ctx, keys, owner, lease_ms)
+    engine::renew_all(ctx, keys, owner, lease_ms, now)
 }

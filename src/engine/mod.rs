@@ -269,8 +269,9 @@ pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Ac
     execute_at(ctx, keyname, kind, action, now_ms())
 }
 
-/// `execute` at `now`, the clock its caller already read (a clock read is a
-/// tenth of an uncontended acquire's own work).
+/// `execute` at `now`, the clock its caller already read to check its options
+/// (a clock read takes several ns: a measurable share of an uncontended
+/// acquire's own work).
 pub fn execute_at(
     ctx: *mut Ctx,
     keyname: *mut RStr,

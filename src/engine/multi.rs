@@ -106,8 +106,8 @@ pub fn acquire_all(
     lease_ms: i64,
     block: Option<i64>,
     keepalive: bool,
+    now: i64,
 ) -> Reply {
-    let now = now_ms();
     let mut opened = match open_all(ctx, keynames, now) {
         Ok(v) => v,
         Err(reply) => return reply,
@@ -199,8 +199,13 @@ pub fn release_all(ctx: *mut Ctx, keynames: &[*mut RStr], owner: &[u8]) -> Reply
 }
 
 /// `RLOCK.RENEWALL`: every key's lease renewed, or NOTOWNER and no change.
-pub fn renew_all(ctx: *mut Ctx, keynames: &[*mut RStr], owner: &[u8], lease_ms: i64) -> Reply {
-    let now = now_ms();
+pub fn renew_all(
+    ctx: *mut Ctx,
+    keynames: &[*mut RStr],
+    owner: &[u8],
+    lease_ms: i64,
+    now: i64,
+) -> Reply {
     let mut opened = match open_all(ctx, keynames, now) {
         Ok(v) => v,
         Err(reply) => return reply,
