@@ -20,7 +20,8 @@
 //! queue, a lock key was deleted or expired under its waiters) and reports the
 //! keys Redis expired, because those are found in callbacks where the keyspace
 //! must not be written. Each tick works for a bounded time, oldest first, then
-//! lets the event loop answer clients and continues on the next turn.
+//! lets the event loop answer clients and continues on the next turn; a tick
+//! that fires late (the turn before was long) first lets clients have a turn.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -133,8 +134,11 @@ struct Schedule {
     restored: VecDeque<DbKey>,
     /// Keys Redis expired, whose keyspace event is still to fire.
     expired: VecDeque<(i32, Vec<u8>, Kind)>,
-    /// The armed Redis timer and the time it fires at.
-    timer: Option<(raw::RedisModuleTimerID, i64)>,
+    /// The armed Redis timer, the millisecond it serves and the microsecond
+    /// it was asked to fire at.
+    timer: Option<(raw::RedisModuleTimerID, i64, i64)>,
+    /// The last tick fired late and left its work to the next one.
+    yielded: bool,
 }
 
 thread_local! {
@@ -295,19 +299,25 @@ fn next_due(s: &Schedule) -> Option<i64> {
 
 /// (Re)arms the Redis timer for the earliest pending work.
 fn arm(ctx: *mut Ctx) {
+    arm_not_before(ctx, i64::MIN);
+}
+
+/// Arms the timer for the earliest pending work, but not before the
+/// millisecond `floor`.
+fn arm_not_before(ctx: *mut Ctx, floor: i64) {
     if !active() {
         return;
     }
     let stale = with(|s| {
-        let due = next_due(s)?;
+        let due = next_due(s)?.max(floor);
         match s.timer {
-            Some((_, at)) if at <= due => None,
+            Some((_, at, _)) if at <= due => None,
             _ => Some((s.timer.take(), due)),
         }
     });
     let Some((old, due)) = stale else { return };
     unsafe {
-        if let Some((id, _)) = old {
+        if let Some((id, _, _)) = old {
             api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut());
         }
         // Redis turns the delay into microseconds on its own clock: a lease
@@ -315,30 +325,45 @@ fn arm(ctx: *mut Ctx) {
         // timer that fires early finds nothing due and re-arms. The delay is
         // rounded up from microseconds, so the timer never fires before `due`
         // and at most one millisecond after it.
-        let ahead_us = due
-            .saturating_mul(1000)
-            .saturating_sub(crate::ffi::micros());
+        let now_us = crate::ffi::micros();
+        let ahead_us = due.saturating_mul(1000).saturating_sub(now_us);
         let delay = ((ahead_us + 999) / 1000).clamp(0, MAX_TIMER_DELAY_MS);
         let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
-        with(|s| s.timer = Some((id, due)));
+        with(|s| s.timer = Some((id, due, now_us + delay * 1000)));
     }
 }
 
-/// Work of one timer tick before the event loop gets a turn (Redis's own
-/// active expiry allows itself about 25 ms per 100 ms; a tick here is short and
-/// the next one follows at once).
-const TICK_BUDGET_US: i64 = 1_000;
-/// Entries taken from the schedule between two looks at the clock.
-const BATCH: usize = 64;
+/// Work of one timer tick before the event loop gets a turn. A command read
+/// in a tick's turn is answered after it, and after Redis's cron too when the
+/// cron falls due in that turn (25 ms in a storm of expiries): so ticks are
+/// short, and a backlog is worked off in many of them, a millisecond apart.
+const TICK_BUDGET_US: i64 = 500;
+/// Entries taken from the schedule between two looks at the clock (a
+/// hand-over to a waiter costs ~6 µs: a batch overruns the budget by ~0.1 ms).
+const BATCH: usize = 16;
 /// Keyspace events of expired keys stop this long after the tick began: they
 /// wait for nothing, and a tick's turn of the event loop can be the one before
 /// Redis's cron, whose expire cycle may take 25 ms more (a client's command
 /// read in that turn is answered after both).
 const EVENTS_BUDGET_US: i64 = 200;
 
+/// A tick that fires this much after its time found the event loop busy.
+const LATE_US: i64 = 2_000;
+
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("lease timer", (), || {
-        with(|s| s.timer = None);
+        let asked_us = with(|s| s.timer.take().map(|(_, _, at)| at));
+        let late = asked_us.is_some_and(|at| crate::ffi::micros() - at >= LATE_US);
+        if active() && late && !with(|s| std::mem::replace(&mut s.yielded, true)) {
+            // The turn before this one was long: Redis's cron with its
+            // expire cycle (25 ms in a storm of expiries) or a slow command.
+            // Clients whose commands came in meanwhile are answered after
+            // this turn's timers, so this tick leaves them one turn first,
+            // once: the next tick works however late it is.
+            arm_not_before(ctx, now_ms() + 1);
+            return;
+        }
+        with(|s| s.yielded = false);
         if active() {
             run_slice(ctx);
         } else {
@@ -420,7 +445,7 @@ pub fn pause(ctx: *mut Ctx) {
         s.restored.clear();
         s.timer.take()
     });
-    if let Some((id, _)) = old {
+    if let Some((id, _, _)) = old {
         unsafe { api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut()) };
     }
 }

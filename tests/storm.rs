@@ -164,3 +164,57 @@ fn every_lease_ending_in_a_storm_is_published_and_notified_once() {
     assert_eq!(stat(&mut c, "lease_expirations"), LOCKS as i64);
     assert_eq!(int(&mut c, &["DBSIZE"]), 0);
 }
+
+/// A tick that fires late (the event loop was busy) lets the clients have one
+/// turn before it works, but only one: on a server kept busy by a client
+/// whose commands each take a few milliseconds, so that every tick fires
+/// late, a lease still ends and its waiter is handed the lock.
+#[test]
+fn a_server_kept_busy_still_hands_over() {
+    let s = Server::start_with(&["--save", "", "--appendonly", "no"], &[]);
+    let mut c = s.client();
+    assert!(int(&mut c, &["RLOCK.ACQUIRE", "k", "holder", "PX", "300"]) > 0);
+    let waiter = spawn_call(
+        &s,
+        &[
+            "RLOCK.ACQUIRE",
+            "k",
+            "waiter",
+            "PX",
+            "10000",
+            "BLOCK",
+            "3000",
+        ],
+    );
+    wait_parked(&mut c, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy: Vec<_> = (0..2)
+        .map(|_| {
+            let mut b = s.client();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut calls = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let _: () = cmd("DEBUG")
+                        .arg("SLEEP")
+                        .arg("0.004")
+                        .query(&mut b)
+                        .unwrap();
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    let (reply, _) = waiter.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let calls: u32 = busy.into_iter().map(|b| b.join().unwrap()).sum();
+    assert!(
+        matches!(reply, Ok(Value::Int(t)) if t > 0),
+        "the waiter got {reply:?}"
+    );
+    assert!(calls > 20, "the server was busy for {calls} calls only");
+    let owner = call(&mut c, &["RLOCK.INFO", "k"]);
+    assert!(format!("{owner:?}").contains("waiter"), "{owner:?}");
+    assert_eq!(stat(&mut c, "contended_grants"), 1);
+}
