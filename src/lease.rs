@@ -134,11 +134,18 @@ struct Schedule {
     restored: VecDeque<DbKey>,
     /// Keys Redis expired, whose keyspace event is still to fire.
     expired: VecDeque<(i32, Vec<u8>, Kind)>,
-    /// The armed Redis timer, the millisecond it serves and the microsecond
-    /// it was asked to fire at.
-    timer: Option<(raw::RedisModuleTimerID, i64, i64)>,
+    timer: Option<Armed>,
     /// The last tick fired late and left its work to the next one.
     yielded: bool,
+}
+
+/// The Redis timer as armed.
+struct Armed {
+    id: raw::RedisModuleTimerID,
+    /// The millisecond of the work it is for.
+    due: i64,
+    /// The microsecond Redis was asked to fire it at.
+    fires_at_us: i64,
 }
 
 thread_local! {
@@ -311,14 +318,14 @@ fn arm_not_before(ctx: *mut Ctx, floor: i64) {
     let stale = with(|s| {
         let due = next_due(s)?.max(floor);
         match s.timer {
-            Some((_, at, _)) if at <= due => None,
+            Some(Armed { due: at, .. }) if at <= due => None,
             _ => Some((s.timer.take(), due)),
         }
     });
     let Some((old, due)) = stale else { return };
     unsafe {
-        if let Some((id, _, _)) = old {
-            api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut());
+        if let Some(old) = old {
+            api!(RedisModule_StopTimer)(ctx, old.id, std::ptr::null_mut());
         }
         // Redis turns the delay into microseconds on its own clock: a lease
         // decades long would overflow it and fire at once, forever. A capped
@@ -329,7 +336,14 @@ fn arm_not_before(ctx: *mut Ctx, floor: i64) {
         let ahead_us = due.saturating_mul(1000).saturating_sub(now_us);
         let delay = ((ahead_us + 999) / 1000).clamp(0, MAX_TIMER_DELAY_MS);
         let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
-        with(|s| s.timer = Some((id, due, now_us + delay * 1000)));
+        let fires_at_us = now_us + delay * 1000;
+        with(|s| {
+            s.timer = Some(Armed {
+                id,
+                due,
+                fires_at_us,
+            })
+        });
     }
 }
 
@@ -352,8 +366,8 @@ const LATE_US: i64 = 2_000;
 
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("lease timer", (), || {
-        let asked_us = with(|s| s.timer.take().map(|(_, _, at)| at));
-        let late = asked_us.is_some_and(|at| crate::ffi::micros() - at >= LATE_US);
+        let fired = with(|s| s.timer.take());
+        let late = fired.is_some_and(|t| crate::ffi::micros() - t.fires_at_us >= LATE_US);
         if active() && late && !with(|s| std::mem::replace(&mut s.yielded, true)) {
             // The turn before this one was long: Redis's cron with its
             // expire cycle (25 ms in a storm of expiries) or a slow command.
@@ -445,8 +459,8 @@ pub fn pause(ctx: *mut Ctx) {
         s.restored.clear();
         s.timer.take()
     });
-    if let Some((id, _, _)) = old {
-        unsafe { api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut()) };
+    if let Some(old) = old {
+        unsafe { api!(RedisModule_StopTimer)(ctx, old.id, std::ptr::null_mut()) };
     }
 }
 
