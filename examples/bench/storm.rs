@@ -28,7 +28,8 @@ pub struct Storm {
     pub quiet: Stall,
     /// From the target deadline until only the waiters' keys are left.
     pub all_ended_ms: Option<f64>,
-    /// From the target deadline until the last waiter's grant was read.
+    /// From the target deadline until the last waiter's grant was read (as
+    /// it came).
     pub waiters_served_ms: Option<f64>,
     pub served: usize,
     /// INFO rlock `rlock_lease_expirations` afterwards (native).
@@ -125,9 +126,17 @@ fn try_run(env: &Env, lock: Lock, n: usize, waiters: usize, lead_ms: i64) -> Opt
         (deadline - Duration::from_secs(1)).saturating_duration_since(Instant::now()),
     );
     let pinger = Pinger::start(srv.port);
-    std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
-    // Poll the key count every millisecond; the waiters' replies as they come.
     let give_up = deadline + Duration::from_secs(30);
+    // The waiters' replies, timed as they come (a thread asleep in poll()
+    // between them), while this one polls the key count every millisecond.
+    let collector = std::thread::spawn(move || {
+        let replies = collect_replies(
+            &mut parked,
+            give_up.saturating_duration_since(Instant::now()),
+        );
+        (parked, replies)
+    });
+    std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
     let mut ended_at = None;
     while Instant::now() < give_up {
         let keys = cmd!(c; "DBSIZE").expect("DBSIZE").int().expect("DBSIZE");
@@ -137,10 +146,7 @@ fn try_run(env: &Env, lock: Lock, n: usize, waiters: usize, lead_ms: i64) -> Opt
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    let replies = collect_replies(
-        &mut parked,
-        give_up.saturating_duration_since(Instant::now()),
-    );
+    let (parked, replies) = collector.join().expect("reply collector");
     let served: Vec<Instant> = replies
         .iter()
         .flatten()

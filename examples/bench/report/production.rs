@@ -493,7 +493,8 @@ pub fn render_storm(w: &mut String, r: &Results) {
          the last waiter was served (\"quiet\": the worst PING in the second before, the \
          machine's own noise). All ended: from the deadline until `DBSIZE` (polled every \
          millisecond) is down to the waiters' keys, which their waiters now hold. Waiters \
-         served: until the last waiter's grant was read.\n"
+         served: until the last waiter's grant was read (a thread of its own reads the \
+         grants as they come).\n"
     );
     table(
         w,
