@@ -59,8 +59,10 @@ pub fn raw_type() -> *mut raw::RedisModuleType {
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    with_encoding(Stored::from_raw(value), |bytes| {
-        api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len())
+    crate::ffi::contained("rdb save", (), || {
+        with_encoding(Stored::from_raw(value), |bytes| {
+            api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast(), bytes.len())
+        })
     })
 }
 
@@ -214,23 +216,30 @@ unsafe extern "C" fn aof_rewrite(
     key: *mut raw::RedisModuleString,
     value: *mut c_void,
 ) {
-    let stored = Stored::from_raw(value);
-    let mut delta = Delta::recording(stored.kind());
-    with_encoding(stored, |bytes| delta.lock(bytes));
-    let bytes = delta.bytes();
-    // The key must go through "s": Redis passes a stack-allocated key object
-    // here, which "s" copies and "v" would try to retain (a server panic).
-    api!(RedisModule_EmitAOF)(
-        aof,
-        crate::lock::delta::COMMAND.as_ptr(),
-        c"sb".as_ptr(),
-        key,
-        bytes.as_ptr(),
-        bytes.len(),
-    );
+    crate::ffi::contained("aof rewrite", (), || {
+        let stored = Stored::from_raw(value);
+        let mut delta = Delta::recording(stored.kind());
+        with_encoding(stored, |bytes| delta.lock(bytes));
+        let bytes = delta.bytes();
+        // The key must go through "s": Redis passes a stack-allocated key
+        // object here, which "s" copies and "v" would try to retain (a server
+        // panic).
+        api!(RedisModule_EmitAOF)(
+            aof,
+            crate::lock::delta::COMMAND.as_ptr(),
+            c"sb".as_ptr(),
+            key,
+            bytes.as_ptr(),
+            bytes.len(),
+        );
+    })
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    crate::ffi::contained("memory usage", 0, || value_bytes(value))
+}
+
+unsafe fn value_bytes(value: *const c_void) -> usize {
     let state = match Stored::from_raw(value.cast_mut()).form() {
         Form::Packed(_) => return std::mem::size_of::<Compact>(),
         Form::Full(v) => &*v,
@@ -249,6 +258,10 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    crate::ffi::contained("digest", (), || add_to_digest(md, value))
+}
+
+unsafe fn add_to_digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     let state = Stored::from_raw(value).state();
     api!(RedisModule_DigestAddLongLong)(md, state.kind().code() as i64);
     api!(RedisModule_DigestAddLongLong)(md, state.limit() as i64);
@@ -265,17 +278,25 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
 
 /// May run on a background thread (lazy free): touches nothing but the value.
 unsafe extern "C" fn free(value: *mut c_void) {
-    Stored::from_raw(value).free();
+    crate::ffi::contained("free", (), || Stored::from_raw(value).free());
 }
 
 /// The token high-water mark travels in the RDB, ahead of the keys.
 unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
-    if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
-        api!(RedisModule_SaveUnsigned)(rdb, crate::token::last());
-    }
+    crate::ffi::contained("aux save", (), || {
+        if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+            api!(RedisModule_SaveUnsigned)(rdb, crate::token::last());
+        }
+    })
 }
 
 unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
+    crate::ffi::contained("aux load", crate::ffi::ERR, || {
+        load_high_water_mark(rdb, encver, when)
+    })
+}
+
+unsafe fn load_high_water_mark(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
     let known = (FIELDS_VERSION..=ENCODING_VERSION).contains(&encver);
     if !known || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
         return crate::ffi::ERR;

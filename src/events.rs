@@ -95,8 +95,10 @@ unsafe extern "C" fn on_replica_change(
     _sub: u64,
     _data: *mut c_void,
 ) {
-    role::listener_seen();
-    min_replicas::replicas_changed();
+    crate::ffi::contained("replica change", (), || {
+        role::listener_seen();
+        min_replicas::replicas_changed();
+    })
 }
 
 /// A client connected or disconnected: a closed connection ends the

@@ -28,6 +28,10 @@ fn get(counter: &AtomicU64) -> i64 {
 }
 
 pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
+    crate::ffi::contained("INFO", (), || add_section(ctx))
+}
+
+unsafe fn add_section(ctx: *mut RedisModuleInfoCtx) {
     // Redis prefixes each field with the module name: `rlock_locks`, ...
     api!(RedisModule_InfoAddSection)(ctx, std::ptr::null());
     let fields: [(&str, i64); 13] = [
