@@ -506,10 +506,11 @@ fn main() {
         let (n, w) = (env.cfg.storm_leases, env.cfg.storm_waiters);
         progress(&format!("(f) expiry storm: {n} leases, one deadline"));
         // Redis's own expiry: SET PX keys on a server without the module.
-        for (lock, waiters) in [(storm::NATIVE, w), (PLAIN_FLOOR, 0)] {
-            let x = storm::run(&env, lock, n, waiters);
+        let sides = [(storm::NATIVE, w), (PLAIN_FLOOR, 0)];
+        for (round, (lock, waiters)) in (1..=storm::ROUNDS).flat_map(|r| sides.map(|s| (r, s))) {
+            let x = storm::run(&env, lock, n, waiters, round);
             progress(&format!(
-                "  {:<44} worst PING {:.1} ms, p99 {:.2} ms, all ended after {} ms, waiters served {}/{}",
+                "  round {round}: {:<44} worst PING {:.1} ms, p99 {:.2} ms, all ended after {} ms, waiters served {}/{}",
                 lock.label(),
                 x.stall.worst_ms,
                 x.stall.p99_ms,

@@ -8,6 +8,8 @@ use crate::locks::Impl;
 use crate::persist::{Persist, ROUNDS};
 use crate::readers::{OpCost, ReadersScale};
 use crate::server::Stall;
+use crate::storm::Storm;
+use crate::uncontended::median;
 use crate::Results;
 
 pub fn readers_targets(r: &Results) -> Vec<Target> {
@@ -127,64 +129,88 @@ fn admit_target(r: &Results, t: &mut Vec<Target>) {
 
 pub fn storm_targets(r: &Results) -> Vec<Target> {
     let mut t = Vec::new();
-    let native = r.storms.iter().find(|x| x.lock.imp == Impl::Native);
-    let redis = r.storms.iter().find(|x| x.lock.imp != Impl::Native);
-    match (native, redis) {
-        (Some(n), Some(p)) => {
-            let limit = p.stall.worst_ms.max(30.0);
-            t.push(Target {
-                id: "storm-stall",
-                what: format!(
-                    "Expiry storm, {} leases with one deadline: worst PING",
-                    num(n.leases as f64)
-                ),
-                measured: format!(
-                    "{} ms (p99 {} ms); Redis's own expiry of as many SET PX keys: {} ms",
-                    f2(n.stall.worst_ms),
-                    f2(n.stall.p99_ms),
-                    f2(p.stall.worst_ms)
-                ),
-                required: "≤ 30 ms or ≤ Redis's own",
-                status: status(n.stall.worst_ms <= limit),
-            });
-            let ended = match (n.all_ended_ms, n.waiters_served_ms) {
-                (Some(a), Some(w)) => Some(a.max(w)),
-                (Some(a), None) if n.waiters == 0 => Some(a),
-                _ => None,
-            };
-            t.push(Target {
-                id: "storm-ended",
-                what: format!(
-                    "Expiry storm: all {} leases ended and {} waiters served",
-                    num(n.leases as f64),
-                    num(n.waiters as f64)
-                ),
-                measured: match ended {
-                    Some(ms) => format!(
-                        "{} ms after the deadline; Redis's SET PX keys all gone after {}",
-                        num(ms),
-                        p.all_ended_ms
-                            .map(|v| format!("{} ms", num(v)))
-                            .unwrap_or("over 30 s".into())
-                    ),
-                    None => format!(
-                        "not within 30 s ({} of {} waiters served)",
-                        n.served, n.waiters
-                    ),
-                },
-                required: "≤ 2 s",
-                status: status(ended.is_some_and(|ms| ms <= 2000.0)),
-            });
-        }
-        _ => {
-            t.push(not_run(
-                "storm-stall",
-                "Expiry storm: worst PING",
-                "≤ 30 ms or ≤ Redis's own",
-            ));
-            t.push(not_run("storm-ended", "Expiry storm: all ended", "≤ 2 s"));
-        }
-    }
+    let (native, redis): (Vec<&Storm>, Vec<&Storm>) =
+        r.storms.iter().partition(|x| x.lock.imp == Impl::Native);
+    let (Some(n), false) = (native.first(), redis.is_empty()) else {
+        t.push(not_run(
+            "storm-stall",
+            "Expiry storm: worst PING",
+            "≤ 30 ms or ≤ Redis's own",
+        ));
+        t.push(not_run("storm-ended", "Expiry storm: all ended", "≤ 2 s"));
+        return t;
+    };
+    let worst =
+        |side: &[&Storm]| median(&side.iter().map(|x| x.stall.worst_ms).collect::<Vec<_>>());
+    let rounds = |side: &[&Storm]| {
+        side.iter()
+            .map(|x| f2(x.stall.worst_ms))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (ours, theirs) = (worst(&native), worst(&redis));
+    t.push(Target {
+        id: "storm-stall",
+        what: format!(
+            "Expiry storm, {} leases with one deadline: worst PING (median of {} rounds)",
+            num(n.leases as f64),
+            native.len()
+        ),
+        measured: format!(
+            "{} ms (rounds: {}; p99 {} ms); Redis's own expiry of as many SET PX keys: {} ms \
+             (rounds: {})",
+            f2(ours),
+            rounds(&native),
+            f2(median(
+                &native.iter().map(|x| x.stall.p99_ms).collect::<Vec<_>>()
+            )),
+            f2(theirs),
+            rounds(&redis)
+        ),
+        required: "≤ 30 ms or ≤ Redis's own",
+        status: status(ours <= theirs.max(30.0)),
+    });
+    // Judged on the slowest round: every storm must be over within 2 s.
+    let ended = |x: &Storm| match (x.all_ended_ms, x.waiters_served_ms) {
+        (Some(a), Some(w)) => Some(a.max(w)),
+        (Some(a), None) if x.waiters == 0 => Some(a),
+        _ => None,
+    };
+    let slowest = native
+        .iter()
+        .map(|x| ended(x))
+        .try_fold(0.0f64, |m, e| e.map(|e| m.max(e)));
+    let redis_gone = redis
+        .iter()
+        .map(|x| x.all_ended_ms)
+        .try_fold(0.0f64, |m, e| e.map(|e| m.max(e)));
+    t.push(Target {
+        id: "storm-ended",
+        what: format!(
+            "Expiry storm: all {} leases ended and {} waiters served (slowest of {} rounds)",
+            num(n.leases as f64),
+            num(n.waiters as f64),
+            native.len()
+        ),
+        measured: match slowest {
+            Some(ms) => format!(
+                "{} ms after the deadline; Redis's SET PX keys all gone after {}",
+                num(ms),
+                redis_gone
+                    .map(|v| format!("{} ms", num(v)))
+                    .unwrap_or("over 30 s".into())
+            ),
+            None => {
+                let short = native.iter().find(|x| ended(x).is_none()).unwrap_or(n);
+                format!(
+                    "not within 30 s in round {} ({} of {} waiters served)",
+                    short.round, short.served, short.waiters
+                )
+            }
+        },
+        required: "≤ 2 s",
+        status: status(slowest.is_some_and(|ms| ms <= 2000.0)),
+    });
     t
 }
 
@@ -494,11 +520,16 @@ pub fn render_storm(w: &mut String, r: &Results) {
          machine's own noise). All ended: from the deadline until `DBSIZE` (polled every \
          millisecond) is down to the waiters' keys, which their waiters now hold. Waiters \
          served: until the last waiter's grant was read (a thread of its own reads the \
-         grants as they come).\n"
+         grants as they come). Each side runs 3 storms, the sides taking turns, each on a \
+         fresh server: a round's worst PING is one sample, which one preemption of the server \
+         on this 2-core machine raises by several ms (compare the quiet column), so the \
+         target takes the median of the rounds' worst PINGs on each side; all ended is \
+         judged on the slowest round.\n"
     );
     table(
         w,
         &[
+            "round",
             "leases",
             "keys with a waiter",
             "deadline spread ms",
@@ -512,6 +543,7 @@ pub fn render_storm(w: &mut String, r: &Results) {
         ],
         r.storms.iter().map(|x| {
             vec![
+                x.round.to_string(),
                 format!(
                     "{} {}",
                     num(x.leases as f64),
