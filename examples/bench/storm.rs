@@ -67,8 +67,8 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize, round: usize) -> Sto
     // than that, again with twice the time.
     let mut lead_ms = 2_500 + (n as i64) / 150;
     loop {
-        if let Some(s) = try_run(env, lock, n, waiters, lead_ms) {
-            return Storm { round, ..s };
+        if let Some(s) = try_run(env, lock, n, waiters, round, lead_ms) {
+            return s;
         }
         crate::progress(&format!(
             "  loading took over {lead_ms} ms: again, with more time"
@@ -77,7 +77,14 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize, round: usize) -> Sto
     }
 }
 
-fn try_run(env: &Env, lock: Lock, n: usize, waiters: usize, lead_ms: i64) -> Option<Storm> {
+fn try_run(
+    env: &Env,
+    lock: Lock,
+    n: usize,
+    waiters: usize,
+    round: usize,
+    lead_ms: i64,
+) -> Option<Storm> {
     let module = lock.with_module().then_some(env.module.as_path());
     let srv = Server::start_with(module, Some(waiters + 64), false);
     env.scripts.load(&mut srv.conn());
@@ -171,7 +178,7 @@ fn try_run(env: &Env, lock: Lock, n: usize, waiters: usize, lead_ms: i64) -> Opt
         (lock.imp == Impl::Native).then(|| srv.info_i64("rlock", "rlock_lease_expirations"));
     let out = Some(Storm {
         lock,
-        round: 1,
+        round,
         leases: n,
         waiters,
         spread_ms: (lo, hi),
