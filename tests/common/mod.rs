@@ -2,10 +2,12 @@
 //! through the `redis` crate. Each server gets its own port and directory.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -94,12 +96,25 @@ fn probe_process_id(port: u16) -> Option<u32> {
     }
 }
 
+/// A port no server of this process got before. A test that kills a server
+/// keeps its clients pointed at the dead port, and the kernel hands a freed
+/// port out again: another test's server there would answer for the dead one.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);

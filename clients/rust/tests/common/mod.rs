@@ -3,10 +3,12 @@
 //! `target/release/librlock.so`, built by `cargo build --release`).
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub fn server_binary() -> String {
@@ -30,12 +32,25 @@ pub fn module_path() -> PathBuf {
     p
 }
 
+/// A port no server of this process got before. A test that kills a server
+/// keeps its clients pointed at the dead port, and the kernel hands a freed
+/// port out again: another test's server there would answer for the dead one.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
