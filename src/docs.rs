@@ -342,20 +342,30 @@ const SETSTATE: Command = Command {
     ],
 };
 
-/// `RLOCK.DELTA key delta`
+/// `RLOCK.DELTA key delta [filler ...]`
 const DELTA: Command = Command {
     name: "delta",
     summary: "Applies the steps of one lock change to single holders (internal: sent by a master to its replicas and written to the AOF; refused from other clients).",
     complexity: Some("O(S log N) where S is the number of steps and N the number of holders"),
-    arity: 3,
+    arity: -3,
     mode: false,
     key_flags: KEY_RW | KEY_UPDATE,
     tips: None,
-    args: &[arg(
-        "delta",
-        Type::String,
-        "the steps, in rlock's binary delta encoding",
-    )],
+    args: &[
+        arg(
+            "delta",
+            Type::String,
+            "the steps, in rlock's binary delta encoding",
+        ),
+        Arg {
+            flags: OPTIONAL | MULTIPLE,
+            ..arg(
+                "filler",
+                Type::String,
+                "empty strings, in the slots the command that made the change had beyond three",
+            )
+        },
+    ],
 };
 
 /// The multi-key RLOCK commands (`numkeys key [key ...]` before the owner).

@@ -10,6 +10,7 @@ mod config;
 mod datatype;
 mod deadlock;
 mod docs;
+mod effect;
 mod engine;
 mod events;
 mod ffi;

@@ -301,6 +301,22 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         b"new",
         &delta_new(0, 42, now + 600_000, b"n"),
     ]));
+    // A delta in the slots of a longer command (empty fillers after it), and
+    // one whose filler is not empty: refused.
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"filled",
+        &delta_new(0, 43, now + 600_000, b"f"),
+        b"",
+        b"",
+    ]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTA",
+        b"overfilled",
+        &delta_new(0, 44, now + 600_000, b"o"),
+        b"",
+        b"x",
+    ]));
     // Rewritten locks: as this version writes them and as the one before did,
     // each with the PEXPIREAT Redis writes after it (the key's TTL).
     let (t3, t4) = (((now as u64) << 20) + 3, ((now as u64) << 20) + 4);
@@ -376,15 +392,168 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
     }
     let after = int(&mut c, &["RLOCK.ACQUIRE", "after-readers", "z"]);
     assert!(after > (ahead + 1) as i64, "{after} after {}", ahead + 1);
-    for key in ["mixed", "cut", "far2"] {
+    let info = info_map(&mut c, &["RLOCK.INFO", "filled"]).expect("a filled delta applies");
+    assert_eq!(as_int(&field(&info, "token")), 43);
+    for key in ["mixed", "cut", "far2", "overfilled"] {
         assert_eq!(int(&mut c, &["EXISTS", key]), 0, "{key}");
     }
     let refused = s.log().matches("refused a replicated change").count();
-    assert_eq!(refused, 9, "{}", s.log());
+    assert_eq!(refused, 10, "{}", s.log());
     // Later tokens are above everything loaded, and nothing was poisoned.
     let t = int(&mut c, &["RLOCK.ACQUIRE", "next", "z"]);
     assert!(t > token2.parse::<i64>().unwrap());
     // The internal commands stay refused from clients.
     let e = error(&mut c, &["RLOCK.DELTA", "x", "whatever"]);
     assert!(e.contains("internal"), "{e}");
+}
+
+/// A MONITOR connection to `s`.
+fn monitor(s: &Server) -> std::io::BufReader<std::net::TcpStream> {
+    use std::io::{BufRead, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(b"MONITOR\r\n").unwrap();
+    let mut reader = std::io::BufReader::new(stream);
+    let mut ok = String::new();
+    reader.read_line(&mut ok).unwrap();
+    assert_eq!(ok, "+OK\r\n");
+    reader
+}
+
+/// The next command MONITOR shows that names `prefix`, from its first argument.
+fn monitored(reader: &mut std::io::BufReader<std::net::TcpStream>, prefix: &str) -> String {
+    use std::io::BufRead;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("MONITOR went quiet");
+        if let Some(at) = line.find(&format!("\"{prefix}")) {
+            return line[at..].trim_end().to_string();
+        }
+    }
+}
+
+#[test]
+fn a_command_is_seen_as_sent_and_its_delta_replicated_in_its_slots() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query(&mut m)
+        .unwrap();
+    let mut on_master = monitor(&master);
+    let mut on_replica = monitor(&replica);
+    let sent = ["RLOCK.ACQUIRE", "k", "owner", "PX", "600000"];
+    int(&mut m, &sent);
+    caught_up(&mut m, &mut r);
+
+    // What the client sent is what MONITOR and the slowlog show.
+    assert_eq!(
+        monitored(&mut on_master, "RLOCK."),
+        r#""RLOCK.ACQUIRE" "k" "owner" "PX" "600000""#
+    );
+    let log: Vec<Value> = cmd("SLOWLOG").arg("GET").arg(10).query(&mut m).unwrap();
+    let logged: Vec<Vec<String>> = log
+        .iter()
+        .filter_map(|entry| match entry {
+            Value::Array(fields) => match &fields[3] {
+                Value::Array(args) => Some(args.iter().map(as_string).collect()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert!(
+        logged.iter().any(|args| args == &sent),
+        "slowlog: {logged:?}"
+    );
+    // The replica got the delta (a new holder: its owner last) in the
+    // command's five slots, the two left over empty.
+    let applied = monitored(&mut on_replica, "RLOCK.");
+    assert!(
+        applied.starts_with(r#""RLOCK.DELTA" "k" ""#) && applied.ends_with(r#"owner" "" """#),
+        "{applied}"
+    );
+    assert_eq!(digest(&mut m), digest(&mut r));
+
+    // A command without room for a delta (two slots) and one whose key is
+    // not in slot 1 replicate as a plain `RLOCK.DELTA key delta`.
+    // (A forced release is the one step `F`.)
+    int(&mut m, &["RLOCK.FORCERELEASE", "k"]);
+    let applied = monitored(&mut on_replica, "RLOCK.");
+    assert!(
+        applied.starts_with(r#""RLOCK.DELTA" "k" ""#) && applied.ends_with(r#"F""#),
+        "{applied}"
+    );
+    let _: Value = cmd("RLOCK.ACQUIREALL")
+        .arg(2)
+        .arg("a")
+        .arg("b")
+        .arg("owner")
+        .query(&mut m)
+        .unwrap();
+    for key in ["a", "b"] {
+        let applied = monitored(&mut on_replica, "RLOCK.");
+        assert!(
+            applied.starts_with(&format!(r#""RLOCK.DELTA" "{key}" ""#))
+                && applied.ends_with(r#"owner""#),
+            "{applied}"
+        );
+    }
+    caught_up(&mut m, &mut r);
+    assert_eq!(digest(&mut m), digest(&mut r));
+}
+
+#[test]
+fn scripts_and_transactions_replicate_the_same_state() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    let script = "local t = redis.call('RLOCK.ACQUIRE', KEYS[1], ARGV[1], 'PX', '600000') \
+                  redis.call('RLOCK.ACQUIRE', KEYS[1], ARGV[1]) \
+                  redis.call('RLOCK.RELEASE', KEYS[1], ARGV[1]) \
+                  redis.call('RWLOCK.ACQUIRE', KEYS[2], 'READ', ARGV[1], 'PX', '600000') \
+                  return t";
+    let token: i64 = cmd("EVAL")
+        .arg(script)
+        .arg(2)
+        .arg("s")
+        .arg("rw")
+        .arg("o")
+        .query(&mut m)
+        .unwrap();
+    assert!(token > 0);
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("RLOCK.ACQUIRE")
+        .arg("t")
+        .arg("o")
+        .arg("PX")
+        .arg(600_000)
+        .cmd("RLOCK.RENEW")
+        .arg("t")
+        .arg("o")
+        .arg("PX")
+        .arg(700_000)
+        .cmd("SEMAPHORE.ACQUIRE")
+        .arg("sem")
+        .arg("o")
+        .arg("LIMIT")
+        .arg(3)
+        .arg("PERMITS")
+        .arg(1)
+        .query(&mut m)
+        .unwrap();
+    assert_eq!(replies.len(), 3, "{replies:?}");
+    caught_up(&mut m, &mut r);
+    assert_eq!(digest(&mut m), digest(&mut r));
+    let info = info_map(&mut r, &["RLOCK.INFO", "s"]).expect("the script's lock");
+    assert_eq!(as_int(&field(&info, "token")), token);
+    assert_eq!(as_int(&field(&info, "holds")), 1);
 }

@@ -181,8 +181,7 @@ pub fn run(
     handler: fn(*mut Ctx, &[*mut RStr]) -> Reply,
 ) -> c_int {
     let reply = ffi::contained("command", Reply::err("ERR internal error"), || {
-        let argv = unsafe { ffi::args(argv, argc) };
-        handler(ctx, argv)
+        crate::effect::within(ctx, argv, argc, |args| handler(ctx, args))
     });
     ffi::send(ctx, &reply);
     ffi::OK

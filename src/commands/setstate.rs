@@ -1,6 +1,7 @@
 //! The effects a master replicates, accepted only from the master link or
 //! while loading the AOF:
-//! - `RLOCK.DELTA key delta`: the steps of one change (`lock::delta`);
+//! - `RLOCK.DELTA key delta ["" ...]`: the steps of one change (`lock::delta`),
+//!   with the empty strings a master's `effect` may leave after it;
 //! - `RLOCK.SETSTATE key kind n [owner reads writes token deadline]...`: a whole
 //!   state, as AOF rewrite emits it (and as masters before deltas replicated).
 
@@ -40,12 +41,17 @@ pub fn delta(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
     if let Err(e) = trusted(ctx, "RLOCK.DELTA") {
         return e;
     }
-    if argv.len() != 3 {
+    if argv.len() < 3 {
         return Reply::err("ERR wrong number of arguments for 'rlock.delta' command");
     }
+    // A master propagates a delta in the slots of the command that made it,
+    // the ones left over empty (`effect`).
+    let filled = argv[3..].iter().all(|a| unsafe { bytes(*a) }.is_empty());
     let reply = match delta::decode(unsafe { bytes(argv[2]) }) {
-        Some((kind, ops)) => engine::execute(ctx, argv[1], None, Action::Replay(kind, ops)),
-        None => Reply::err(err::INVALID_DELTA),
+        Some((kind, ops)) if filled => {
+            engine::execute(ctx, argv[1], None, Action::Replay(kind, ops))
+        }
+        _ => Reply::err(err::INVALID_DELTA),
     };
     logged(argv[1], reply)
 }

@@ -570,7 +570,7 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
         crate::lease::watch(ctx, db, name, state, waiting);
     }
     if !change.delta.is_empty() {
-        replicate(ctx, keyname, change.delta.bytes());
+        crate::effect::replicate(ctx, keyname, change.delta.bytes());
     } else if matches!(origin, Origin::Replicated | Origin::Rewritten)
         && change.dirty
         && crate::role::propagates()
@@ -586,19 +586,6 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     if change.acquired {
         notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);
     }
-}
-
-fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
-    unsafe {
-        api!(RedisModule_Replicate)(
-            ctx,
-            delta::COMMAND.as_ptr(),
-            c"sb".as_ptr(),
-            keyname,
-            delta.as_ptr(),
-            delta.len(),
-        )
-    };
 }
 
 pub fn client_id(ctx: *mut Ctx) -> u64 {

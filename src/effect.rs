@@ -1,0 +1,126 @@
+//! How a change reaches replicas and the AOF: `RLOCK.DELTA key <delta>`.
+//!
+//! `RedisModule_Replicate` looks its command up by name and builds a fresh
+//! argument vector on every call: a third of what an acquire costs once a
+//! replica is attached (bench/findings.md, replica-acquire-vs-set). Redis's
+//! own commands rewrite their arguments in place and let the call be
+//! propagated (how `SET .. EX` goes out as `SET .. PXAT`); a module has
+//! `RedisModule_ReplicateVerbatim` for the propagation, which copies the
+//! command's argument vector as it stands. So while a command runs, its
+//! effect takes the vector's slots (name, the key left where it is, the
+//! delta, empty strings in the slots left over), is propagated verbatim, and
+//! the command's own arguments go back at once: slowlog, MONITOR and the
+//! client see the command as it was sent.
+//!
+//! That needs the key in slot 1 and three slots at least; anything else (a
+//! timer, a multi-key command's other keys, `FORCERELEASE key`) goes through
+//! `RedisModule_Replicate`. `RLOCK.DELTA` accepts the empty trailing slots.
+
+use std::os::raw::{c_char, c_int};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use crate::ffi::{api, Ctx, RStr};
+use crate::lock::delta;
+
+/// Slots a command may have for its effect to take them; longer commands
+/// (none of the lock commands in practice) use `RedisModule_Replicate`.
+const MAX_SLOTS: usize = 16;
+
+/// The command running now: its context and arguments, or nulls. Commands
+/// run on the main thread only; the atomics are for `static`, not for
+/// concurrency.
+static CTX: AtomicPtr<Ctx> = AtomicPtr::new(ptr::null_mut());
+static ARGV: AtomicPtr<*mut RStr> = AtomicPtr::new(ptr::null_mut());
+static ARGC: AtomicUsize = AtomicUsize::new(0);
+
+/// `RLOCK.DELTA` and the empty filler, made once and never freed: the
+/// propagated vectors only add references to them.
+static NAME: AtomicPtr<RStr> = AtomicPtr::new(ptr::null_mut());
+static EMPTY: AtomicPtr<RStr> = AtomicPtr::new(ptr::null_mut());
+
+/// The command that ran before, put back however `within` ends (a script
+/// may call a lock command from inside another).
+struct Outer(*mut Ctx, *mut *mut RStr, usize);
+
+impl Drop for Outer {
+    fn drop(&mut self) {
+        CTX.store(self.0, Ordering::Relaxed);
+        ARGV.store(self.1, Ordering::Relaxed);
+        ARGC.store(self.2, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f` on the arguments of the command `ctx` runs, `argv[..argc]`, so
+/// that its effects may take their slots. `f` reads a copy: the slots change
+/// under it while an effect is propagated.
+pub fn within<T>(
+    ctx: *mut Ctx,
+    argv: *mut *mut RStr,
+    argc: c_int,
+    f: impl FnOnce(&[*mut RStr]) -> T,
+) -> T {
+    let args = unsafe { crate::ffi::args(argv, argc) };
+    if args.is_empty() || args.len() > MAX_SLOTS {
+        return f(args);
+    }
+    let mut copy = [ptr::null_mut(); MAX_SLOTS];
+    copy[..args.len()].copy_from_slice(args);
+    let _outer = Outer(
+        CTX.swap(ctx, Ordering::Relaxed),
+        ARGV.swap(argv, Ordering::Relaxed),
+        ARGC.swap(args.len(), Ordering::Relaxed),
+    );
+    f(&copy[..args.len()])
+}
+
+/// Propagates `delta`, the change just made to `keyname`.
+pub fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
+    let argv = ARGV.load(Ordering::Relaxed);
+    let argc = ARGC.load(Ordering::Relaxed);
+    let in_place = ctx == CTX.load(Ordering::Relaxed)
+        && argc >= 3
+        && !argv.is_null()
+        && unsafe { *argv.add(1) } == keyname;
+    if !in_place {
+        unsafe {
+            api!(RedisModule_Replicate)(
+                ctx,
+                delta::COMMAND.as_ptr(),
+                c"sb".as_ptr(),
+                keyname,
+                delta.as_ptr(),
+                delta.len(),
+            )
+        };
+        return;
+    }
+    // The slots as the client sent them, to be put back.
+    let slots = unsafe { std::slice::from_raw_parts_mut(argv, argc) };
+    let mut sent = [ptr::null_mut(); MAX_SLOTS];
+    sent[..argc].copy_from_slice(slots);
+    let blob = string(delta);
+    slots[0] = shared(&NAME, delta::COMMAND.to_bytes());
+    slots[2] = blob;
+    slots[3..].fill(shared(&EMPTY, b""));
+    unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+    slots.copy_from_slice(&sent[..argc]);
+    // The propagated copy holds its own reference.
+    unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), blob) };
+}
+
+fn string(data: &[u8]) -> *mut RStr {
+    unsafe {
+        api!(RedisModule_CreateString)(ptr::null_mut(), data.as_ptr().cast::<c_char>(), data.len())
+    }
+}
+
+fn shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
+    let s = cell.load(Ordering::Relaxed);
+    if !s.is_null() {
+        return s;
+    }
+    let s = string(data);
+    cell.store(s, Ordering::Relaxed);
+    s
+}
