@@ -61,17 +61,23 @@ pub fn within<T>(
     f: impl FnOnce(&[*mut RStr]) -> T,
 ) -> T {
     let args = unsafe { crate::ffi::args(argv, argc) };
-    if args.is_empty() || args.len() > MAX_SLOTS {
-        return f(args);
-    }
-    let mut copy = [ptr::null_mut(); MAX_SLOTS];
-    copy[..args.len()].copy_from_slice(args);
+    // A longer command keeps its slots (and its copy would not fit).
+    let (argv, argc) = if args.len() <= MAX_SLOTS {
+        (argv, args.len())
+    } else {
+        (ptr::null_mut(), 0)
+    };
     let _outer = Outer(
         CTX.swap(ctx, Ordering::Relaxed),
         ARGV.swap(argv, Ordering::Relaxed),
-        ARGC.swap(args.len(), Ordering::Relaxed),
+        ARGC.swap(argc, Ordering::Relaxed),
     );
-    f(&copy[..args.len()])
+    if argv.is_null() {
+        return f(args);
+    }
+    let mut copy = [ptr::null_mut(); MAX_SLOTS];
+    copy[..argc].copy_from_slice(args);
+    f(&copy[..argc])
 }
 
 /// Propagates `delta`, the change just made to `keyname`.

@@ -9,7 +9,8 @@
 //! steps the state machine made to single holders, with absolute deadlines and
 //! explicit tokens (`lock::delta`). Replicas and AOF replay therefore reproduce
 //! the master's state exactly and decide nothing; an effect costs bytes in
-//! proportion to the change, not to the number of holders.
+//! proportion to the change, not to the number of holders. `effect` sends it,
+//! in the running command's own argument slots where they fit.
 
 mod multi;
 
