@@ -7,14 +7,14 @@
 //! propagated (how `SET .. EX` goes out as `SET .. PXAT`); a module has
 //! `RedisModule_ReplicateVerbatim` for the propagation, which copies the
 //! command's argument vector as it stands. So while a command runs, its
-//! effect takes the vector's slots (name, the key left where it is, the
-//! delta, empty strings in the slots left over), is propagated verbatim, and
-//! the command's own arguments go back at once: slowlog, MONITOR and the
-//! client see the command as it was sent.
+//! effects take the vector's slots in turn (name, key, delta, empty strings
+//! in the slots left over), each is propagated verbatim, and the command's
+//! own arguments go back at once: slowlog, MONITOR and the client see the
+//! command as it was sent.
 //!
-//! That needs the key in slot 1 and three slots at least; anything else (a
-//! timer, a multi-key command's other keys, `FORCERELEASE key`) goes through
-//! `RedisModule_Replicate`. `RLOCK.DELTA` accepts the empty trailing slots.
+//! That needs three slots; the changes a timer makes, and those of
+//! `FORCERELEASE key`, go through `RedisModule_Replicate`. `RLOCK.DELTA`
+//! accepts the empty trailing slots.
 
 use std::os::raw::{c_char, c_int};
 use std::ptr;
@@ -84,10 +84,7 @@ pub fn within<T>(
 pub fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
     let argv = ARGV.load(Ordering::Relaxed);
     let argc = ARGC.load(Ordering::Relaxed);
-    let in_place = ctx == CTX.load(Ordering::Relaxed)
-        && argc >= 3
-        && !argv.is_null()
-        && unsafe { *argv.add(1) } == keyname;
+    let in_place = ctx == CTX.load(Ordering::Relaxed) && argc >= 3 && !argv.is_null();
     if !in_place {
         unsafe {
             api!(RedisModule_Replicate)(
@@ -107,6 +104,7 @@ pub fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
     sent[..argc].copy_from_slice(slots);
     let blob = string(delta);
     slots[0] = shared(&NAME, delta::COMMAND.to_bytes());
+    slots[1] = keyname;
     slots[2] = blob;
     slots[3..].fill(shared(&EMPTY, b""));
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };

@@ -481,15 +481,15 @@ fn a_command_is_seen_as_sent_and_its_delta_replicated_in_its_slots() {
     );
     assert_eq!(digest(&mut m), digest(&mut r));
 
-    // A command without room for a delta (two slots) and one whose key is
-    // not in slot 1 replicate as a plain `RLOCK.DELTA key delta`.
-    // (A forced release is the one step `F`.)
+    // A command without room for a delta (two slots) replicates it as a
+    // plain `RLOCK.DELTA key delta` (a forced release is the one step `F`).
     int(&mut m, &["RLOCK.FORCERELEASE", "k"]);
     let applied = monitored(&mut on_replica, "RLOCK.");
     assert!(
         applied.starts_with(r#""RLOCK.DELTA" "k" ""#) && applied.ends_with(r#"F""#),
         "{applied}"
     );
+    // A multi-key command's deltas take its slots in turn, one per key.
     let _: Value = cmd("RLOCK.ACQUIREALL")
         .arg(2)
         .arg("a")
@@ -501,10 +501,14 @@ fn a_command_is_seen_as_sent_and_its_delta_replicated_in_its_slots() {
         let applied = monitored(&mut on_replica, "RLOCK.");
         assert!(
             applied.starts_with(&format!(r#""RLOCK.DELTA" "{key}" ""#))
-                && applied.ends_with(r#"owner""#),
+                && applied.ends_with(r#"owner" "" """#),
             "{applied}"
         );
     }
+    assert_eq!(
+        monitored(&mut on_master, "RLOCK.ACQUIREALL"),
+        r#""RLOCK.ACQUIREALL" "2" "a" "b" "owner""#
+    );
     caught_up(&mut m, &mut r);
     assert_eq!(digest(&mut m), digest(&mut r));
 }
