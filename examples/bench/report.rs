@@ -582,8 +582,8 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
              rounds, and every ratio (here and in the targets) is the median of the per-round \
              ratios, which compare measurements taken seconds apart under the same background \
              load. Lua scripts are called with EVALSHA; their time includes the commands they \
-             call. `INFO commandstats` times the command alone: a module command builds its \
-             replicated effect inside that time (`RM_Replicate`), while Redis propagates a \
+             call. `INFO commandstats` times the command alone: a module command builds and \
+             queues its replicated effect inside that time, while Redis propagates a \
              native command like `SET` after it, untimed. So the last two columns also give \
              the server's main-thread CPU per acquire (`INFO cpu`, `used_cpu_user_main_thread` \
              + `used_cpu_sys_main_thread`, over the same calls): everything the server did, on \

@@ -18,7 +18,7 @@ pub struct CallCost {
     pub release_us: Vec<f64>,
     /// Main-thread CPU µs per call over the same calls, one value per round.
     /// `INFO commandstats` times only the command itself: a module's effect is
-    /// built inside it (`RM_Replicate`), while Redis queues a native command's
+    /// built and queued inside it, while Redis queues a native command's
     /// own propagation after the timed part; this counts both sides' whole work.
     pub acquire_cpu_us: Vec<f64>,
     pub release_cpu_us: Vec<f64>,
