@@ -16,11 +16,11 @@
 //! `FORCERELEASE key`, go through `RedisModule_Replicate`. `RLOCK.DELTA`
 //! accepts the empty trailing slots.
 
-use std::os::raw::{c_char, c_int};
+use std::os::raw::c_int;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use crate::ffi::{api, Ctx, RStr};
+use crate::ffi::{api, Ctx, OwnedStr, RStr};
 use crate::lock::delta;
 
 /// Slots a command may have for its effect to take them; longer commands
@@ -102,21 +102,14 @@ pub fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
     let slots = unsafe { std::slice::from_raw_parts_mut(argv, argc) };
     let mut sent = [ptr::null_mut(); MAX_SLOTS];
     sent[..argc].copy_from_slice(slots);
-    let blob = string(delta);
+    // The propagated copy holds its own reference to the delta's string.
+    let blob = OwnedStr::new(delta);
     slots[0] = shared(&NAME, delta::COMMAND.to_bytes());
     slots[1] = keyname;
-    slots[2] = blob;
+    slots[2] = blob.ptr();
     slots[3..].fill(shared(&EMPTY, b""));
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
     slots.copy_from_slice(&sent[..argc]);
-    // The propagated copy holds its own reference.
-    unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), blob) };
-}
-
-fn string(data: &[u8]) -> *mut RStr {
-    unsafe {
-        api!(RedisModule_CreateString)(ptr::null_mut(), data.as_ptr().cast::<c_char>(), data.len())
-    }
 }
 
 fn shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
@@ -124,7 +117,7 @@ fn shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
     if !s.is_null() {
         return s;
     }
-    let s = string(data);
+    let s = OwnedStr::new(data).leak();
     cell.store(s, Ordering::Relaxed);
     s
 }

@@ -62,6 +62,13 @@ impl OwnedStr {
     pub fn ptr(&self) -> *mut RStr {
         self.0
     }
+
+    /// Keeps the string for the life of the process.
+    pub fn leak(self) -> *mut RStr {
+        let s = self.0;
+        std::mem::forget(self);
+        s
+    }
 }
 
 impl Drop for OwnedStr {
