@@ -46,6 +46,7 @@ pub struct Persist {
 /// One round of one side's load times, on a fresh server.
 pub struct Loads {
     pub lock: Lock,
+    pub n: usize,
     /// From 1.
     pub round: usize,
     /// `DEBUG RELOAD` (save, flush, load) of N keys just made.
@@ -127,6 +128,35 @@ fn schedule(srv: &Server) -> i64 {
     srv.info_i64("rlock", "rlock_locks")
 }
 
+/// A fresh server holding the N keys of `lock` (the floor also on a server
+/// without the module, `PlainFloor`: Redis's own cost).
+fn server_with_keys(env: &Env, lock: Lock, n: usize) -> Server {
+    let module = lock.with_module().then_some(env.module.as_path());
+    let srv = Server::start_with(module, None, false);
+    env.scripts.load(&mut srv.conn());
+    load_locks(env, &srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
+    assert_eq!(held(&srv, lock), leases(lock, n), "locks after the load");
+    srv
+}
+
+/// The locks the module holds when `lock`'s N keys are loaded.
+fn leases(lock: Lock, n: usize) -> i64 {
+    if lock.imp == crate::locks::Impl::Native {
+        n as i64
+    } else {
+        0
+    }
+}
+
+/// The locks the module on `srv` holds (0 on a server without it).
+fn held(srv: &Server, lock: Lock) -> i64 {
+    if lock.with_module() {
+        schedule(srv)
+    } else {
+        0
+    }
+}
+
 /// Until `f` holds, polled every millisecond (for timing, unlike `wait_until`).
 fn time_until(what: &str, mut f: impl FnMut() -> bool) -> Instant {
     let end = Instant::now() + Duration::from_secs(300);
@@ -140,17 +170,12 @@ fn time_until(what: &str, mut f: impl FnMut() -> bool) -> Instant {
 /// `waiters`: clients parked on as many lock keys before `FLUSHALL`
 /// (native only).
 pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
-    // The floor also on a server without the module (`PlainFloor`): Redis's own cost.
     let module = lock.with_module().then_some(env.module.as_path());
-    let srv = Server::start_with(module, None, false);
-    env.scripts.load(&mut srv.conn());
-    load_locks(env, &srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
-    let native = lock.imp == crate::locks::Impl::Native;
-    let leases = if native { n as i64 } else { 0 };
-    let waiters = if native { waiters.min(n) } else { 0 };
-    let schedule = |s: &Server| if module.is_some() { schedule(s) } else { 0 };
+    let srv = server_with_keys(env, lock, n);
+    let leases = leases(lock, n);
+    let waiters = if leases > 0 { waiters.min(n) } else { 0 };
+    let schedule = |s: &Server| held(s, lock);
     let mut c = srv.conn();
-    assert_eq!(schedule(&srv), leases, "locks after the load");
 
     let save_ms = median_of_rounds(|| {
         let t = Instant::now();
@@ -278,25 +303,25 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
 /// reallocates every value, so a second one in a row walks a warmer memory
 /// layout (1,212 vs 708 ms where the first took 2,506 vs 1,811 ms).
 pub fn loads(env: &Env, lock: Lock, n: usize, round: usize) -> Loads {
-    let module = lock.with_module().then_some(env.module.as_path());
-    let srv = Server::start_with(module, None, false);
-    env.scripts.load(&mut srv.conn());
-    let leases = if lock.imp == crate::locks::Impl::Native {
-        n as i64
-    } else {
-        0
-    };
-    let locks = |s: &Server| if module.is_some() { schedule(s) } else { 0 };
-    load_locks(env, &srv, lock, "lock:", (n, 4, 1000), |_| LONG_LEASE_MS);
+    let srv = server_with_keys(env, lock, n);
     let mut c = srv.conn();
     let reload_ms = debug_reload(&mut c);
-    assert_eq!(locks(&srv), leases, "locks after DEBUG RELOAD");
+    assert_eq!(
+        held(&srv, lock),
+        leases(lock, n),
+        "locks after DEBUG RELOAD"
+    );
     ok(cmd!(c; "FLUSHALL", "SYNC").expect("FLUSHALL"), "FLUSHALL");
     config_set(&mut c, "aof-use-rdb-preamble", "no");
     let aof_load_ms = aof_load(env, &srv, lock, n);
-    assert_eq!(locks(&srv), leases, "locks after DEBUG LOADAOF");
+    assert_eq!(
+        held(&srv, lock),
+        leases(lock, n),
+        "locks after DEBUG LOADAOF"
+    );
     Loads {
         lock,
+        n,
         round,
         reload_ms,
         aof_load_ms,

@@ -376,7 +376,7 @@ fn load_targets(r: &Results) -> Vec<Target> {
                 id,
                 what: format!(
                     "{} locks vs as many SET PX keys: {what}",
-                    num(r.persist.first().map_or(0, |x| x.n) as f64)
+                    num(native[0].n as f64)
                 ),
                 measured: format!(
                     "{} ms vs {} ms, {:.2}x (medians of {} rounds, sides taking turns; per round {})",
