@@ -16,7 +16,8 @@
 //!   admits thousands of queued readers;
 //! - (f) expiry storm: 500,000 leases ending in the same millisecond;
 //! - (g) persistence at scale: RDB, AOF rewrite, DEBUG RELOAD, promotion and
-//!   FLUSHALL with 1,000,000 locks against as many `SET PX` keys;
+//!   FLUSHALL with 1,000,000 locks against as many `SET PX` keys, and the load
+//!   times (DEBUG RELOAD, DEBUG LOADAOF) on fresh servers, the sides taking turns;
 //! - (m) multi-key locks, (k) KEEPALIVE at scale;
 //! - (s) semaphores: K = 64 clients on LIMIT 8 against Redisson's semaphore
 //!   protocol, and the ops with 100,000 holdings in (the uncontended rows of
