@@ -57,8 +57,9 @@ pub struct Loads {
     pub aof_load_ms: f64,
 }
 
-/// Rounds of `SAVE` and of the AOF rewrite, which leave the keyspace as it
-/// was; the median is reported. One round of a second-long operation varies by
+/// Rounds of `SAVE` and of the AOF rewrite (on one server: they leave the
+/// keyspace as it was), and of the load times (`loads`, a fresh server each);
+/// the median is reported. One round of a second-long operation varies by
 /// a third from run to run on a shared machine (seen: `SAVE` of the same `SET
 /// PX` keys 681 ms in one full run, 953 ms in the one before).
 pub const ROUNDS: usize = 3;
