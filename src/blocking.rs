@@ -517,7 +517,8 @@ fn bind_granted(id: u64, tokens: &[u64]) {
     }
 }
 
-/// Ends the wait of one waiter with an error (it leaves every queue it is in).
+/// Ends the wait of one waiter with an error; it leaves every queue it is in
+/// as it is answered (`depart`).
 pub fn fail(id: u64, error: &str) {
     unblock(id, Status::Failed(error.to_string()));
 }
@@ -565,27 +566,25 @@ unsafe fn waiter_id(ctx: *mut Ctx) -> Option<u64> {
     (!p.is_null()).then(|| p.addr() as u64)
 }
 
-/// A waiter left on its own (timeout, CLIENT UNBLOCK, disconnect): dequeue it,
-/// and if it was at the head let the lock serve whoever is now first.
+/// A waiter's wait ended, however (granted, refused, timed out, unblocked,
+/// disconnected): forget it and take it out of every queue it is still in.
+/// An answer does not dequeue by itself: a deadlock victim, or a multi-key
+/// waiter refused on one of its keys, would otherwise stay queued on the
+/// others, to be granted later or to reserve a free key for nobody. Where it
+/// was first, the lock serves whoever is first now.
 fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
-    let rec = with(|r| {
-        let rec = r.forget(id);
-        r.release_spare_capacity();
-        rec
-    })?;
-    if matches!(rec.status, Status::Waiting) {
-        for key in &rec.keys {
-            let reserve = with_queue(rec.db, key, |q| {
-                let was_head = q.head_id() == Some(id);
-                q.remove(id);
-                was_head && !q.is_empty()
-            })
-            .unwrap_or(false);
-            if reserve {
-                crate::lease::schedule_serve(ctx, rec.db, key, crate::lease::IfAbsent::Grant);
-            }
+    let rec = with(|r| r.forget(id))?;
+    for key in &rec.keys {
+        let reserve = with_queue(rec.db, key, |q| {
+            let was_head = q.head_id() == Some(id);
+            q.remove(id).is_some() && was_head && !q.is_empty()
+        })
+        .unwrap_or(false);
+        if reserve {
+            crate::lease::schedule_serve(ctx, rec.db, key, crate::lease::IfAbsent::Grant);
         }
     }
+    with(|r| r.release_spare_capacity());
     Some(rec.status)
 }
 
@@ -616,11 +615,12 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
         let Some(id) = waiter_id(ctx) else {
             return crate::ffi::ERR;
         };
-        let answered = with(|r| match r.records.get(&id).map(|rec| &rec.status) {
-            Some(Status::Waiting) | None => None,
-            Some(_) => r.forget(id),
+        let answered = with(|r| {
+            let status = r.records.get(&id).map(|rec| &rec.status);
+            !matches!(status, Some(Status::Waiting) | None)
         });
-        match answered.map(|rec| rec.status) {
+        let status = if answered { depart(ctx, id) } else { None };
+        match status {
             Some(Status::Granted(token)) => send(ctx, &Reply::Int(token as i64)),
             Some(Status::GrantedAll(tokens)) => send(ctx, &tokens_reply(&tokens)),
             Some(Status::Failed(e)) => send(ctx, &Reply::err(e)),

@@ -148,3 +148,30 @@ fn a_multi_key_waiter_on_a_cycle_and_switching_detection_off() {
     let got = a.join().unwrap().0.unwrap();
     assert!(matches!(got, Value::Array(_)), "{got:?}");
 }
+
+/// The victim leaves its queue with its answer: releasing the key it waited
+/// for later grants it to nobody (SPEC: a waiter that leaves is never granted).
+#[test]
+fn the_victim_is_never_granted_afterwards() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "k1", "a", "PX", "60000"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "k2", "b", "PX", "60000"]);
+    let a = spawn_call(&s, &["RLOCK.ACQUIRE", "k2", "a", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    let b = spawn_call(&s, &["RLOCK.ACQUIRE", "k1", "b", "BLOCK", "0"]);
+    assert!(error_of(b.join().unwrap().0).contains("DEADLOCK"));
+    let info = info_map(&mut c, &["RLOCK.INFO", "k1"]).unwrap();
+    assert_eq!(as_int(&field(&info, "waiters")), 0);
+    assert_eq!(stat(&mut c, "waiters"), 1);
+    let grants = stat(&mut c, "grants");
+    int(&mut c, &["RLOCK.RELEASE", "k2", "b"]);
+    assert!(matches!(a.join().unwrap().0.unwrap(), Value::Int(_)));
+    int(&mut c, &["RLOCK.RELEASE", "k1", "a"]);
+    assert!(
+        info_map(&mut c, &["RLOCK.INFO", "k1"]).is_none(),
+        "k1 went to the victim"
+    );
+    assert_eq!(stat(&mut c, "grants"), grants + 1, "only a's grant of k2");
+    assert_eq!(stat(&mut c, "waiters"), 0);
+}
