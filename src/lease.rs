@@ -276,6 +276,12 @@ pub fn schedule_serve(ctx: *mut Ctx, db: i32, key: &[u8], if_absent: IfAbsent) {
     }
 }
 
+/// Whether the key was removed under its waiters and their serve pass (which
+/// tells them to retry) has not run yet.
+pub fn removal_pending(db: i32, key: &[u8]) -> bool {
+    with(|s| s.serves.get(&(db, key.to_vec())) == Some(&IfAbsent::Retry))
+}
+
 /// Fires, about a millisecond later, the keyspace event of a key that Redis
 /// expired: it is found in the unlink hook, in the middle of Redis's delete,
 /// where other modules' keyspace subscribers must not run.

@@ -969,6 +969,57 @@ fn waiters_of_a_deleted_or_moved_lock_are_told_to_retry() {
     );
 }
 
+/// Waiters are only ever granted a lock of their own family. A key deleted
+/// under RLOCK waiters is free for any family at once (the waiters are told
+/// to retry); a key overwritten with another family's lock refuses them.
+#[test]
+fn waiters_are_never_granted_another_family_s_lock() {
+    let s = Server::start();
+    let mut c = s.client();
+    // Deleted, then taken as a fair lock in the same MULTI.
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg("k")
+        .cmd("FAIRLOCK.ACQUIRE")
+        .arg("k")
+        .arg("z")
+        .query(&mut c)
+        .unwrap();
+    assert!(matches!(replies[1], Value::Int(_)), "{replies:?}");
+    let e = w.join().unwrap().0.unwrap_err();
+    assert_eq!(e.code(), Some("TRYAGAIN"), "{e}");
+    let info = info_map(&mut c, &["FAIRLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "z");
+    let _ = call(&mut c, &["FLUSHALL"]);
+
+    // Overwritten by a fair lock (RENAME), which is then released before the
+    // waiters' serve pass runs: they are refused, not handed the fair lock.
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
+    int(&mut c, &["FAIRLOCK.ACQUIRE", "f", "g"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("RENAME")
+        .arg("f")
+        .arg("k")
+        .ignore()
+        .cmd("FAIRLOCK.RELEASE")
+        .arg("k")
+        .arg("g")
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    let e = w.join().unwrap().0.unwrap_err();
+    assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+    assert_eq!(stat(&mut c, "waiters"), 0);
+}
+
 #[test]
 fn memory_usage_and_scan_by_type_see_lock_keys() {
     let s = Server::start();

@@ -72,6 +72,28 @@ impl Action<'_> {
     fn replicated(&self) -> bool {
         matches!(self, Action::SetState(_) | Action::Replay(..))
     }
+
+    /// A client's request (the rest are effects and the module's own timers).
+    fn requested(&self) -> bool {
+        matches!(
+            self,
+            Action::Acquire { .. }
+                | Action::Release { .. }
+                | Action::Renew { .. }
+                | Action::ForceRelease
+        )
+    }
+}
+
+/// A replica holds exactly its master's locks, also with `replica-read-only
+/// no`: a change made there would diverge from the master's state, and a grant
+/// there would issue a token the master issues too.
+fn refuse_on_replica() -> Result<(), Reply> {
+    if crate::role::is_master() {
+        Ok(())
+    } else {
+        Err(Reply::err(err::READONLY))
+    }
 }
 
 /// The caller waits: its queue id, BLOCK time, and the lease of a KEEPALIVE
@@ -239,7 +261,10 @@ fn open<'a>(
     let kind = match (existing, wanted) {
         (Some(v), Some(k)) if unsafe { v.kind() } != k => return Err(Reply::err(err::WRONGTYPE)),
         (Some(v), _) => unsafe { v.kind() },
-        (None, Some(k)) => k,
+        (None, Some(k)) => {
+            claim_absent(db, name, k)?;
+            k
+        }
         // Serving, or the lease timer found that Redis had just expired the
         // key itself (its TTL is the latest deadline): hand it to the first
         // waiter now rather than on the next turn of the event loop.
@@ -264,6 +289,29 @@ fn open<'a>(
     })
 }
 
+/// A queue outlives its key's value (a multi-key waiter's reservation of a
+/// free key; a key deleted or expired under its waiters, until their serve
+/// pass), and its waiters are of one family: they may only ever be granted a
+/// lock of that family. So while the key is absent its queue's family is the
+/// key's, and a request of another is WRONGTYPE, unless the key was removed:
+/// its waiters are then told to retry at once, as their pass would, and the
+/// key is free for any family.
+fn claim_absent(db: i32, name: &[u8], wanted: Kind) -> Result<(), Reply> {
+    if !blocking::any_queued() {
+        return Ok(());
+    }
+    match blocking::with_queue(db, name, |q| q.kind()) {
+        Some(k) if k != wanted => {
+            if !crate::lease::removal_pending(db, name) {
+                return Err(Reply::err(err::WRONGTYPE));
+            }
+            blocking::fail_all(db, name, notify::KEY_GONE_ERR);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Runs `action` on the lock at `keyname`. `kind: None` accepts any lock family
 /// (internal callers); a command passes its own family and gets WRONGTYPE otherwise.
 pub fn execute(ctx: *mut Ctx, keyname: *mut RStr, kind: Option<Kind>, action: Action) -> Reply {
@@ -285,6 +333,11 @@ pub fn execute_at(
         Action::SetState(s) => Some(s.kind()),
         _ => kind,
     };
+    if action.requested() {
+        if let Err(reply) = refuse_on_replica() {
+            return reply;
+        }
+    }
     let replicated = action.replicated();
     let mut o = match open(
         ctx,

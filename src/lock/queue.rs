@@ -95,8 +95,10 @@ impl WaitQueue {
 
     /// Whether serving now would hand the lock to (or answer) the head.
     pub fn head_admissible(&self, lock: &LockState) -> bool {
-        self.head()
-            .is_some_and(|h| !h.multi && !matches!(lock.admit(&h.owner, h.mode), Admission::Busy))
+        self.kind == lock.kind()
+            && self.head().is_some_and(|h| {
+                !h.multi && !matches!(lock.admit(&h.owner, h.mode), Admission::Busy)
+            })
     }
 
     pub fn head(&self) -> Option<&Waiter> {
@@ -106,7 +108,9 @@ impl WaitQueue {
     /// The head if it is a multi-key waiter this key could be granted to now
     /// (its other keys are the engine's business).
     pub fn multi_head_ready(&self, lock: &LockState, now: i64) -> Option<u64> {
-        let h = self.head().filter(|h| h.multi && !h.timed_out(now))?;
+        let h = self
+            .head()
+            .filter(|h| h.multi && !h.timed_out(now) && self.kind == lock.kind())?;
         matches!(
             lock.admit(&h.owner, h.mode),
             Admission::Fresh | Admission::Reentrant
@@ -142,6 +146,8 @@ impl WaitQueue {
     /// compatible with the holders. Nobody overtakes an incompatible head, so a
     /// queued writer stops later readers; a run of readers at the head enters together.
     /// A head whose BLOCK time ran out is dropped (`TimedOut`), never granted.
+    /// A lock of another family than the waiters' (their key was overwritten
+    /// with it) is never theirs: they are all refused, WRONGTYPE.
     pub fn serve(
         &mut self,
         lock: &mut LockState,
@@ -149,6 +155,9 @@ impl WaitQueue {
         issue: &mut dyn FnMut() -> Option<u64>,
         delta: &mut Delta,
     ) -> Vec<Served> {
+        if lock.kind() != self.kind {
+            return self.refuse_all(err::WRONGTYPE);
+        }
         let mut served = Vec::new();
         while let Some(entry) = self.entries.first_entry() {
             let head = entry.get();
@@ -180,6 +189,13 @@ impl WaitQueue {
             entry.remove();
         }
         served
+    }
+
+    fn refuse_all(&mut self, error: &'static str) -> Vec<Served> {
+        std::mem::take(&mut self.entries)
+            .into_keys()
+            .map(|id| Served::Refused { id, error })
+            .collect()
     }
 }
 
@@ -348,6 +364,36 @@ mod tests {
         );
         assert!(lock.is_free());
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn waiters_are_refused_a_lock_of_another_family() {
+        let mut lock = LockState::new(Kind::Fair);
+        let mut q = WaitQueue::new(Kind::Reentrant);
+        let mut issue = || Some(1);
+        q.push(waiter(1, "a", Mode::Write));
+        q.push(Waiter {
+            multi: true,
+            ..waiter(2, "b", Mode::Write)
+        });
+        assert!(!q.head_admissible(&lock));
+        assert_eq!(q.multi_head_ready(&lock, 0), None);
+        let served = q.serve(&mut lock, 0, &mut issue, &mut Delta::off());
+        assert_eq!(
+            served,
+            vec![
+                Served::Refused {
+                    id: 1,
+                    error: err::WRONGTYPE
+                },
+                Served::Refused {
+                    id: 2,
+                    error: err::WRONGTYPE
+                }
+            ]
+        );
+        assert!(q.is_empty());
+        assert!(lock.is_free());
     }
 
     #[test]
