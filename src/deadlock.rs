@@ -44,17 +44,20 @@ fn message(cycle: &Cycle) -> String {
 }
 
 /// The first waiter of a key waits for its holders, every other waiter for
-/// the one just ahead (see `lock::waitfor`).
+/// the one just ahead (see `lock::waitfor`); except that a multi-key waiter
+/// does not wait on a key its owner holds (it is granted that key at once).
 fn wait_for_graph(ctx: *mut Ctx, now: i64) -> WaitFor {
     let mut graph = WaitFor::default();
     for blocking::QueuedKey { db, key, waiters } in blocking::queued_waiters() {
-        if let Some((id, owner)) = waiters.first() {
-            for holder in holders(ctx, db, &key, now) {
-                graph.add(*id, owner, &holder);
+        let holders = holders(ctx, db, &key, now);
+        for (i, (id, owner)) in waiters.iter().enumerate() {
+            if holders.contains(owner) {
+                continue;
             }
-        }
-        for pair in waiters.windows(2) {
-            graph.add(pair[1].0, &pair[1].1, &pair[0].1);
+            match i.checked_sub(1) {
+                None => holders.iter().for_each(|h| graph.add(*id, owner, h)),
+                Some(ahead) => graph.add(*id, owner, &waiters[ahead].1),
+            }
         }
     }
     graph

@@ -100,6 +100,7 @@ fn malformed_calls_are_errors_and_change_nothing() {
         (&["-1", "a", "o"], "ERR numkeys"),
         (&["x", "a", "o"], "ERR numkeys"),
         (&["+1", "a", "o"], "ERR numkeys"),
+        (&["01", "a", "o"], "ERR numkeys"),
         (&["3", "a", "b", "o"], "ERR numkeys"),
         (&["2", "a", "o"], "ERR numkeys"),
         (&["2", "a", "a", "o"], "ERR a key is listed more than once"),
@@ -444,4 +445,109 @@ fn opposite_orders_under_load_never_deadlock_or_overlap() {
         int(&mut c, &["EXISTS", keys[0], keys[1], keys[2], keys[3]]),
         0
     );
+}
+
+/// A multi-key waiter answered with an error because of one key (deleted,
+/// overwritten) leaves the queues of its other keys too: nothing stays
+/// reserved for a client that is no longer waiting.
+#[test]
+fn a_waiter_answered_with_an_error_leaves_every_queue() {
+    let s = Server::start();
+    let mut c = s.client();
+    for (change, code) in [
+        (&["DEL", "a"][..], "TRYAGAIN"),
+        (&["SET", "b", "v"], "WRONGTYPE"),
+    ] {
+        int(&mut c, &["RLOCK.ACQUIRE", "a", "h"]);
+        let w = spawn_call(&s, &["RLOCK.ACQUIREALL", "2", "a", "b", "w", "BLOCK", "0"]);
+        wait_parked(&mut c, 1);
+        let _ = call(&mut c, change).unwrap();
+        if change[0] == "SET" {
+            // The waiter is answered when its key (b) is served again.
+            int(&mut c, &["RLOCK.RELEASE", "a", "h"]);
+        }
+        let e = w.join().unwrap().0.unwrap_err();
+        assert_eq!(e.code(), Some(code), "{change:?}: {e}");
+        assert_eq!(stat(&mut c, "waiters"), 0, "{change:?}");
+        // Its other key is free for anybody at once.
+        let other = if change[0] == "SET" { "a" } else { "b" };
+        assert!(
+            info_map(&mut c, &["RLOCK.INFO", other]).is_none(),
+            "{change:?}"
+        );
+        int(&mut c, &["RLOCK.ACQUIRE", other, "y"]);
+        assert_eq!(owner_of(&mut c, other).as_deref(), Some("y"), "{change:?}");
+        let _ = call(&mut c, &["FLUSHALL"]);
+    }
+}
+
+/// A key the waiter's owner already holds is granted as `ACQUIRE` would grant
+/// it (reentrant, whoever is queued there): the waiter waits only for the
+/// keys it does not hold, and nobody is told DEADLOCK.
+#[test]
+fn a_key_its_owner_holds_does_not_wait_for_that_key_s_queue() {
+    let s = Server::start();
+    let mut c = s.client();
+    let t1 = int(&mut c, &["RLOCK.ACQUIRE", "k1", "m"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "k2", "x"]);
+    // y queues on k1 (held by m), then m waits for k1 and k2.
+    let y = spawn_call(&s, &["RLOCK.ACQUIRE", "k1", "y", "BLOCK", "10000"]);
+    wait_parked(&mut c, 1);
+    let m = spawn_call(
+        &s,
+        &["RLOCK.ACQUIREALL", "2", "k1", "k2", "m", "BLOCK", "10000"],
+    );
+    wait_parked(&mut c, 2);
+    // Past deadlock-check-ms (1 s): y waits for m, m for x only. No cycle.
+    sleep(Duration::from_millis(1300));
+    assert!(!m.is_finished());
+    int(&mut c, &["RLOCK.RELEASE", "k2", "x"]);
+    let (reply, _) = m.join().unwrap();
+    let got = tokens(&reply.expect("m gets both keys"));
+    assert_eq!(got[0], t1, "k1 is m's tenure, held once more");
+    assert_eq!(holds_of(&mut c, "k1"), 2);
+    assert_eq!(owner_of(&mut c, "k2").as_deref(), Some("m"));
+    assert_eq!(stat(&mut c, "deadlocks"), 0);
+    // y gets k1 once m lets go of both of its holds.
+    assert!(!y.is_finished());
+    let released = call(&mut c, &["RLOCK.RELEASEALL", "2", "k1", "k2", "m"]).unwrap();
+    assert_eq!(released, Value::Array(vec![Value::Int(1), Value::Int(0)]));
+    int(&mut c, &["RLOCK.RELEASE", "k1", "m"]);
+    assert!(matches!(y.join().unwrap().0.unwrap(), Value::Int(_)));
+    assert_eq!(owner_of(&mut c, "k1").as_deref(), Some("y"));
+}
+
+/// A free key reserved by a multi-key (RLOCK) waiter is an RLOCK key until
+/// the reservation ends: another family's request is WRONGTYPE, never queued
+/// where it would be handed an RLOCK hold.
+#[test]
+fn a_reserved_key_stays_in_its_family() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut c, mut r) = (master.client(), replica.client());
+    int(&mut c, &["RLOCK.ACQUIRE", "k1", "x"]);
+    let m = spawn_call(
+        &master,
+        &["RLOCK.ACQUIREALL", "2", "k1", "k2", "m", "BLOCK", "0"],
+    );
+    wait_parked(&mut c, 1);
+    for other in [
+        &["RWLOCK.ACQUIRE", "k2", "READ", "z", "BLOCK", "0"][..],
+        &["FAIRLOCK.ACQUIRE", "k2", "z", "BLOCK", "0"],
+        &["SEMAPHORE.ACQUIRE", "k2", "z", "LIMIT", "5", "BLOCK", "0"],
+    ] {
+        let e = error(&mut c, other);
+        assert!(e.starts_with("WRONGTYPE"), "{other:?}: {e}");
+    }
+    assert_eq!(stat(&mut c, "waiters"), 1);
+    int(&mut c, &["RLOCK.RELEASE", "k1", "x"]);
+    assert_eq!(tokens(&m.join().unwrap().0.unwrap()).len(), 2);
+    int(&mut c, &["RLOCK.RELEASE", "k2", "m"]);
+    // Free again: any family.
+    int(&mut c, &["RWLOCK.ACQUIRE", "k2", "READ", "z"]);
+    let acked: i64 = cmd("WAIT").arg(1).arg(2000).query(&mut c).unwrap();
+    assert_eq!(acked, 1);
+    let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
+    assert_eq!(digest(&mut c), digest(&mut r));
 }

@@ -19,7 +19,7 @@
 
 use std::cell::Cell;
 
-use super::{finish, open, Opened, Origin};
+use super::{finish, open, refuse_on_replica, Opened, Origin};
 use crate::blocking;
 use crate::ffi::{now_ms, select_db, Ctx, OwnedStr, RStr, Reply};
 use crate::lock::{err, Admission, EndReason, Kind, Mode};
@@ -27,8 +27,9 @@ use crate::stats;
 use crate::token;
 
 /// Opens every key as an RLOCK (WRONGTYPE on the first other type, before
-/// anything changed) and ends overdue holds.
+/// anything changed) and ends overdue holds. Only a master changes locks.
 fn open_all<'a>(ctx: *mut Ctx, keynames: &[*mut RStr], now: i64) -> Result<Vec<Opened<'a>>, Reply> {
+    refuse_on_replica()?;
     let record = crate::role::propagates();
     let mut opened = Vec::with_capacity(keynames.len());
     for &keyname in keynames {
@@ -244,8 +245,9 @@ pub fn serve_multi_ready(ctx: *mut Ctx) {
     SERVING.with(|s| s.set(false));
 }
 
-/// Grants a parked multi-key waiter every key if it is first in every queue
-/// and every key admits it; otherwise leaves it waiting.
+/// Grants a parked multi-key waiter every key if every key admits it and it
+/// is first in the queue of each key its owner does not hold already;
+/// otherwise leaves it waiting.
 fn serve_multi(ctx: *mut Ctx, id: u64) {
     let Some(w) = blocking::multi_waiter(id) else {
         return;
@@ -262,13 +264,15 @@ fn serve_multi(ctx: *mut Ctx, id: u64) {
         Err(Reply::Error(e)) => return blocking::fail(id, &e),
         Err(_) => return,
     };
-    let mut ready = opened.iter_mut().all(|o| {
-        blocking::is_head(o.db, o.name, id)
-            && matches!(
-                o.state().admit(&w.owner, Mode::Write),
-                Admission::Fresh | Admission::Reentrant
-            )
-    });
+    let mut ready = opened
+        .iter_mut()
+        .all(|o| match o.state().admit(&w.owner, Mode::Write) {
+            // A key its owner holds is granted at once, as `ACQUIRE` grants
+            // it: nobody queued there can have it before the owner lets go.
+            Admission::Reentrant => true,
+            Admission::Fresh => blocking::is_head(o.db, o.name, id),
+            Admission::Busy | Admission::Upgrade => false,
+        });
     if ready && crate::min_replicas::refuses_writes() {
         w.keys.iter().for_each(|k| blocking::withhold(w.db, k));
         ready = false;
