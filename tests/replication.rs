@@ -197,3 +197,41 @@ fn a_replica_that_attaches_late_receives_every_later_change() {
     assert_eq!(int(&mut r, &["DBSIZE"]), 50);
     assert_eq!(digest(&mut m), digest(&mut r));
 }
+
+/// With `replica-read-only no` Redis lets clients write to a replica; lock
+/// commands still refuse there: a replica holds exactly the master's locks,
+/// and a grant of its own would issue a token the master issues too.
+#[test]
+fn a_writable_replica_still_refuses_lock_changes() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    int(&mut m, &["RLOCK.ACQUIRE", "k", "a", "PX", "60000"]);
+    wait_replicated(&mut m);
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("replica-read-only")
+        .arg("no")
+        .query(&mut r)
+        .unwrap();
+    let _: () = cmd("SET").arg("plain").arg("v").query(&mut r).unwrap();
+    for args in [
+        &["RLOCK.ACQUIRE", "mine", "b"][..],
+        &["RLOCK.RELEASE", "k", "a"],
+        &["RLOCK.RENEW", "k", "a", "PX", "5000"],
+        &["RLOCK.FORCERELEASE", "k"],
+        &["RLOCK.ACQUIREALL", "2", "x", "y", "b"],
+        &["RLOCK.RELEASEALL", "1", "k", "a"],
+        &["FAIRLOCK.ACQUIRE", "f", "b"],
+        &["RWLOCK.ACQUIRE", "rw", "READ", "b"],
+        &["SEMAPHORE.ACQUIRE", "s", "b", "LIMIT", "2"],
+    ] {
+        let e = error(&mut r, args);
+        assert!(e.starts_with("READONLY"), "{args:?}: {e}");
+    }
+    assert_eq!(int(&mut r, &["DBSIZE"]), 2, "only k and the plain key");
+    assert!(info_map(&mut r, &["RLOCK.INFO", "k"]).is_some());
+    let _: () = cmd("DEL").arg("plain").query(&mut r).unwrap();
+    assert_eq!(digest(&mut m), digest(&mut r));
+}

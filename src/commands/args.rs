@@ -178,6 +178,12 @@ pub fn count(word: &[u8], value: &[u8]) -> Result<usize, &'static str> {
         .ok_or(COUNT_ERR)
 }
 
+/// `numkeys` of the multi-key commands: a positive integer, written as Redis
+/// writes one (Redis reads it so for ACL and `COMMAND GETKEYS`).
+pub fn numkeys(arg: &[u8]) -> Option<usize> {
+    integer(arg).filter(|n| *n > 0).map(|n| n as usize)
+}
+
 pub fn mode(arg: &[u8]) -> Result<Mode, &'static str> {
     if arg.eq_ignore_ascii_case(b"READ") {
         Ok(Mode::Read)
@@ -361,6 +367,23 @@ mod tests {
         }
         for s in &cases {
             assert_eq!(integer(s.as_bytes()), reference(s), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn numkeys_as_redis_reads_it() {
+        assert_eq!(numkeys(b"2"), Some(2));
+        for bad in [
+            "0",
+            "-1",
+            "01",
+            "+1",
+            "1.0",
+            "",
+            "x",
+            "99999999999999999999",
+        ] {
+            assert_eq!(numkeys(bad.as_bytes()), None, "{bad}");
         }
     }
 

@@ -26,11 +26,7 @@ fn keys_and_owner(argv: &[*mut RStr]) -> Result<Call<'_>, Reply> {
     if argv.len() < 4 {
         return Err(arity_error(argv));
     }
-    let numkeys = std::str::from_utf8(unsafe { bytes(argv[1]) })
-        .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-        .filter(|n| *n > 0 && !unsafe { bytes(argv[1]) }.starts_with(b"+"))
-        .ok_or_else(|| Reply::err(NUMKEYS_ERR))?;
+    let numkeys = args::numkeys(unsafe { bytes(argv[1]) }).ok_or(Reply::err(NUMKEYS_ERR))?;
     // The owner follows the keys.
     if numkeys > argv.len() - 3 {
         return Err(Reply::err(TOO_FEW_KEYS_ERR));

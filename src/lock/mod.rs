@@ -31,6 +31,8 @@ pub mod err {
     pub const INVALID_STATE: &str = "ERR invalid lock state";
     pub const INVALID_DELTA: &str = "ERR invalid lock delta";
     pub const TOO_FEW_PERMITS: &str = "ERR the owner holds fewer permits than it releases";
+    /// Redis's own text, so clients treat it as they treat any write to a replica.
+    pub const READONLY: &str = "READONLY You can't write against a read only replica.";
 }
 
 /// The lock family a key belongs to. Stored in the value, so a command of one
