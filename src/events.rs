@@ -1,5 +1,5 @@
 //! Server events that move the lease machinery: loading done, role changed,
-//! databases flushed.
+//! databases flushed or swapped.
 
 use std::os::raw::c_void;
 
@@ -75,6 +75,39 @@ unsafe extern "C" fn on_flush(
     })
 }
 
+/// SWAPDB: the values of two databases traded numbers; clients did not (each
+/// stays in the database it selected), so neither did the parked waiters.
+/// Lease deadlines and KEEPALIVE bindings follow their values; every queue of
+/// the two databases is then served against what its database holds now: an
+/// absent key means retry, a lock of the waiters' family is waited on (and
+/// watched at its own deadlines), anything else is WRONGTYPE.
+unsafe extern "C" fn on_swapdb(
+    ctx: *mut Ctx,
+    _eid: RedisModuleEvent,
+    _sub: u64,
+    data: *mut c_void,
+) {
+    crate::ffi::contained("swapdb", (), || {
+        if data.is_null() {
+            return;
+        }
+        let info = &*(data as *const raw::RedisModuleSwapDbInfo);
+        let (a, b) = (info.dbnum_first, info.dbnum_second);
+        // `SWAPDB n n` succeeds and changes nothing.
+        if a == b {
+            return;
+        }
+        lease::swap_dbs(a, b);
+        keepalive::swap_dbs(a, b);
+        for (db, key) in [a, b]
+            .into_iter()
+            .flat_map(|db| blocking::queued_keys(Some(db)))
+        {
+            lease::schedule_serve(ctx, db, &key, lease::IfAbsent::Retry);
+        }
+    })
+}
+
 /// A child was forked: if it is a replica's full sync, effects must go out.
 unsafe extern "C" fn on_fork(
     ctx: *mut Ctx,
@@ -142,13 +175,14 @@ pub fn subscribe(ctx: *mut Ctx) -> bool {
     // The first token epoch starts at load (a restart with no dataset
     // fires no loading event).
     token::start_epoch(now_ms());
-    let events: [(u64, raw::RedisModuleEventCallback); 8] = [
+    let events: [(u64, raw::RedisModuleEventCallback); 9] = [
         (
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             Some(on_role_change),
         ),
         (raw::REDISMODULE_EVENT_LOADING, Some(on_loading)),
         (raw::REDISMODULE_EVENT_FLUSHDB, Some(on_flush)),
+        (raw::REDISMODULE_EVENT_SWAPDB, Some(on_swapdb)),
         (raw::REDISMODULE_EVENT_FORK_CHILD, Some(on_fork)),
         (
             raw::REDISMODULE_EVENT_REPLICA_CHANGE,

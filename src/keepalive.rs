@@ -7,9 +7,10 @@
 //! RENEW; when the connection closes, the engine ends every holding bound to
 //! it as a release. A binding names the holding by its token: it belongs to the
 //! tenure, survives further acquisitions, RELEASE and RENEW by the owner from
-//! any connection, and is dropped once the tenure is gone (found at its next
-//! renewal). Bindings are connections: never persisted or replicated, and
-//! dropped when this server stops being a master.
+//! any connection, follows its value through `SWAPDB`, and is dropped once
+//! the tenure is gone (found at its next renewal). Bindings are connections:
+//! never persisted or replicated, and dropped when this server stops being a
+//! master.
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -131,6 +132,24 @@ pub fn client_gone(ctx: *mut Ctx, client: u64) {
         let (db, _, token) = b.holding;
         crate::engine::end_holding(ctx, db, b.keyname.ptr(), token);
     }
+}
+
+/// `SWAPDB a b`: a binding names its holding by database, and the holding's
+/// value now lives under the other number.
+pub fn swap_dbs(a: i32, b: i32) {
+    with(|r| {
+        if r.bindings.is_empty() {
+            return;
+        }
+        for binding in r.bindings.values_mut() {
+            binding.holding.0 = crate::lease::across_swap(binding.holding.0, (a, b));
+        }
+        r.ids = r
+            .bindings
+            .iter()
+            .map(|(id, binding)| (binding.holding.clone(), *id))
+            .collect();
+    });
 }
 
 /// Drops every binding (this server is no longer a master, or reloads its

@@ -15,6 +15,7 @@
 //! an idle server with a million leased locks has nothing scheduled at all.
 //! The schedule is kept on every role (replicas apply the same changes), so a
 //! promotion only arms the timer; the timer itself acts only on a master.
+//! An entry names its key's database, and follows the value through `SWAPDB`.
 //!
 //! The same timer runs deferred "serve" passes (a waiter left the head of a
 //! queue, a lock key was deleted or expired under its waiters) and reports the
@@ -116,6 +117,17 @@ impl Deadlines {
         }
         self.buckets.retain(|_, b| !b.is_empty());
         self.due_of.retain(|(db, _), _| keep(*db));
+    }
+
+    /// Gives every entry the database number `renumber` maps its own to.
+    fn renumber(&mut self, renumber: impl Fn(i32) -> i32) {
+        for bucket in self.buckets.values_mut() {
+            bucket.iter_mut().for_each(|(db, _)| *db = renumber(*db));
+        }
+        self.due_of = std::mem::take(&mut self.due_of)
+            .into_iter()
+            .map(|((db, key), due)| ((renumber(db), key), due))
+            .collect();
     }
 
     fn len(&self) -> usize {
@@ -251,6 +263,33 @@ pub fn watched() -> usize {
 /// Forgets the entries of flushed databases (`None`: all of them).
 pub fn forget_db(db: Option<i32>) {
     with(|s| s.expiries.retain_dbs(|d| db.is_some_and(|x| x != d)));
+}
+
+/// The number a database has after `SWAPDB a b` for the one numbered `db`
+/// before: the two trade numbers, every other keeps its own.
+pub fn across_swap(db: i32, (a, b): (i32, i32)) -> i32 {
+    match db {
+        _ if db == a => b,
+        _ if db == b => a,
+        _ => db,
+    }
+}
+
+/// `SWAPDB a b`: the values of the two databases traded numbers, and the
+/// entries about a value follow it: its deadline, and a key a `RESTORE` loaded
+/// into. Serve passes stay, since they are about queues, and a queue is its
+/// waiters' (who stay in the database they selected); the caller asks for a
+/// pass over every queue of both. So do the keyspace events of keys Redis
+/// expired: they report an expiry in the database it happened in, where Redis
+/// published its own `expired` event. O(entries): only keys with waiters or
+/// several holders have one, and SWAPDB is rare.
+pub fn swap_dbs(a: i32, b: i32) {
+    with(|s| {
+        s.expiries.renumber(|db| across_swap(db, (a, b)));
+        s.restored
+            .iter_mut()
+            .for_each(|(db, _)| *db = across_swap(*db, (a, b)));
+    });
 }
 
 /// What an absent key means to a deferred serve pass.
@@ -529,6 +568,25 @@ mod tests {
         let rest = popped(&mut d, 100, 4);
         assert_eq!(rest.len(), 3);
         assert_eq!(rest[2].2, b"late".to_vec());
+        assert_eq!(d.len(), 0);
+    }
+
+    #[test]
+    fn renumbering_moves_entries_between_databases_exactly() {
+        let mut d = Deadlines::default();
+        d.insert(10, 0, b"k");
+        d.insert(20, 1, b"k");
+        d.insert(30, 2, b"k");
+        d.renumber(|db| super::across_swap(db, (0, 1)));
+        assert_eq!(
+            popped(&mut d, 20, 10),
+            vec![(10, 1, b"k".to_vec()), (20, 0, b"k".to_vec())]
+        );
+        d.insert(5, 1, b"x");
+        d.renumber(|db| super::across_swap(db, (2, 1)));
+        assert!(d.remove(2, b"x"), "found under its new number");
+        assert!(!d.remove(2, b"k"), "moved to db1");
+        assert!(d.remove(1, b"k"));
         assert_eq!(d.len(), 0);
     }
 }
