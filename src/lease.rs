@@ -9,7 +9,9 @@
 //!   first millisecond the lease allows (deadline + 1), not when Redis gets to it;
 //! - a key with several holders (readers): each one's lease is its own and
 //!   ends before the key's TTL;
-//! - a key restored by `RESTORE` (its TTL is whatever the caller gave).
+//! - a key restored by `RESTORE`: its TTL is whatever the caller gave, until
+//!   the timer, on the next turn of the event loop, makes it the latest
+//!   deadline (and propagates it).
 //!
 //! So a lock with one holder and nobody waiting costs the schedule nothing, and
 //! an idle server with a million leased locks has nothing scheduled at all.
@@ -232,20 +234,59 @@ pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, earliest: Option<i64>, indexe
     watch_at(ctx, db_of(rdb), key, earliest.saturating_add(1));
 }
 
-/// Watches a key a `RESTORE` loaded, if it holds a lock now.
+/// Watches a key a `RESTORE` loaded, if it holds a lock now, and gives it the
+/// lock's latest deadline as TTL.
 fn watch_restored(ctx: *mut Ctx, db: i32, key: &[u8]) {
     if !crate::ffi::select_db(ctx, db) {
         return;
     }
     let name = crate::ffi::OwnedStr::new(key);
-    let k = crate::ffi::Key::open(ctx, name.ptr(), false);
-    let earliest = match crate::store::lock_at(&k) {
-        Ok(Some(v)) => unsafe { v.state() }.earliest_deadline(),
-        _ => None,
+    let Some((earliest, latest, ttl)) = lock_deadlines(ctx, name.ptr()) else {
+        return;
     };
-    drop(k);
-    if let Some(earliest) = earliest {
-        watch_at(ctx, db, key, earliest.saturating_add(1));
+    if ttl != latest {
+        align_ttl(ctx, name.ptr(), latest);
+    }
+    watch_at(ctx, db, key, earliest.saturating_add(1));
+}
+
+/// The earliest and latest deadline of the lock at a key, and the key's TTL
+/// (absolute, or `REDISMODULE_NO_EXPIRE`); `None` if it holds no lock.
+fn lock_deadlines(ctx: *mut Ctx, name: *mut crate::ffi::RStr) -> Option<(i64, i64, i64)> {
+    let k = crate::ffi::Key::open(ctx, name, false);
+    let Ok(Some(v)) = crate::store::lock_at(&k) else {
+        return None;
+    };
+    let state = unsafe { v.state() };
+    let ttl = unsafe { api!(RedisModule_GetAbsExpire)(k.raw) };
+    Some((state.earliest_deadline()?, state.latest_deadline()?, ttl))
+}
+
+/// Makes a restored lock's TTL its latest deadline (SPEC: `PTTL key` is the
+/// latest deadline). `RESTORE` sets the caller's TTL, or none; left so, `PTTL`
+/// was wrong until the lease timer fired at the first deadline, and an RDB
+/// saved meanwhile (`DEBUG RELOAD`, a restart) loaded the lock with no TTL and
+/// no watch, never to expire. The
+/// TTL is propagated as `PEXPIREAT` after the `RESTORE`, so replicas and the
+/// AOF keep the same one. A lock whose leases all ended is left as it is: its
+/// watch, due at once, ends it on the next tick and propagates that. The key
+/// is opened for writing only here (closing it so signals it as modified).
+fn align_ttl(ctx: *mut Ctx, name: *mut crate::ffi::RStr, latest: i64) {
+    if latest < now_ms() {
+        return;
+    }
+    let k = crate::ffi::Key::open(ctx, name, true);
+    unsafe {
+        if api!(RedisModule_SetAbsExpire)(k.raw, latest) != crate::ffi::OK {
+            return;
+        }
+        api!(RedisModule_Replicate)(
+            ctx,
+            c"PEXPIREAT".as_ptr(),
+            c"sl".as_ptr(),
+            name,
+            latest as std::os::raw::c_longlong,
+        );
     }
 }
 

@@ -24,6 +24,9 @@
 //! checked to load as exactly those states. A fifth of the mutations each run
 //! on the version-1 and version-2 payloads, and every truncation and designed
 //! RDB case runs on all three.
+//!
+//! And a restored lock's TTL: whatever TTL `RESTORE` was given, the key's TTL
+//! becomes the lock's latest deadline, everywhere the lock goes.
 
 mod common;
 
@@ -2438,6 +2441,137 @@ fn restore_replace_and_past_absttl_leave_nothing_behind() {
         });
     }
     assert_clean(&mut c, "after RESTORE REPLACE and ABSTTL");
+}
+
+// ---------------------------------------------------------------------------
+// A restored lock's TTL. SPEC: `PTTL key` is the latest deadline of the key,
+// whatever TTL `RESTORE` was given (none, or one of the caller's). The module
+// sets it right after the command and propagates it as `PEXPIREAT`, so the
+// TTL is in the replicas, the AOF and any RDB saved later.
+
+/// `DUMP` of the lock the commands make on `key`, which is then deleted.
+fn dump_of(c: &mut Connection, key: &str, acquires: &[&[&str]]) -> Vec<u8> {
+    for args in acquires {
+        int(c, args);
+    }
+    let dump: Vec<u8> = cmd("DUMP").arg(key).query(c).unwrap();
+    int(c, &["DEL", key]);
+    dump
+}
+
+fn restore(c: &mut Connection, key: &str, ttl: &str, dump: &[u8]) {
+    let _: () = cmd("RESTORE").arg(key).arg(ttl).arg(dump).query(c).unwrap();
+}
+
+/// With no TTL and with a far longer one, a one-holder lock and a lock with
+/// two readers (the later deadline counts) get their latest deadline as TTL
+/// within a second, on the master and its replica alike.
+#[test]
+fn a_restored_lock_gets_its_latest_deadline_as_ttl() {
+    let s = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&s);
+    let mut c = s.client();
+    let one = dump_of(
+        &mut c,
+        "one",
+        &[&["RLOCK.ACQUIRE", "one", "w", "PX", "3000"]],
+    );
+    let rw = dump_of(
+        &mut c,
+        "rw",
+        &[
+            &["RWLOCK.ACQUIRE", "rw", "READ", "r1", "PX", "2000"],
+            &["RWLOCK.ACQUIRE", "rw", "READ", "r2", "PX", "4000"],
+        ],
+    );
+    let cases = [
+        ("one_none", "0", &one, 3000),
+        ("one_long", "5000000", &one, 3000),
+        ("rw_none", "0", &rw, 4000),
+        ("rw_long", "5000000", &rw, 4000),
+    ];
+    for (key, ttl, dump, _) in cases {
+        restore(&mut c, key, ttl, dump);
+    }
+    // Within the lease, and past the earlier reader's deadline: the latest.
+    let right = |c: &mut Connection, key: &str, lease: i64| {
+        let pttl = int(c, &["PTTL", key]);
+        pttl > lease - 1500 && pttl <= lease
+    };
+    wait_until(Duration::from_secs(1), || {
+        cases
+            .iter()
+            .all(|(key, _, _, lease)| right(&mut c, key, *lease))
+    });
+    let _: i64 = cmd("WAIT").arg(1).arg(2000).query(&mut c).unwrap();
+    let mut r = replica.client();
+    for (key, _, _, lease) in cases {
+        assert!(
+            right(&mut r, key, lease),
+            "{key}: replica PTTL {}",
+            int(&mut r, &["PTTL", key])
+        );
+    }
+    let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
+    assert_eq!(digest(&mut c), digest(&mut r));
+}
+
+/// `DEBUG RELOAD` right after `RESTORE` (a later command, or the next one in
+/// the same pipeline): the reloaded lock still ends at its deadline.
+#[test]
+fn a_restored_lock_reloaded_at_once_still_ends_at_its_deadline() {
+    for pipelined in [false, true] {
+        let s = Server::start();
+        let mut c = s.client();
+        let dump = dump_of(
+            &mut c,
+            "src",
+            &[&["RLOCK.ACQUIRE", "src", "w", "PX", "1000"]],
+        );
+        let acquired = Instant::now();
+        if pipelined {
+            let _: () = redis::pipe()
+                .cmd("RESTORE")
+                .arg("k")
+                .arg(0)
+                .arg(&dump)
+                .ignore()
+                .cmd("DEBUG")
+                .arg("RELOAD")
+                .ignore()
+                .query(&mut c)
+                .unwrap();
+        } else {
+            restore(&mut c, "k", "0", &dump);
+            let _: () = cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+        }
+        assert_eq!(int(&mut c, &["EXISTS", "k"]), 1, "pipelined {pipelined}");
+        wait_until(Duration::from_secs(3), || {
+            int(&mut c, &["EXISTS", "k"]) == 0
+        });
+        let gone = acquired.elapsed();
+        assert!(gone >= Duration::from_millis(900), "{gone:?}");
+        assert_clean(&mut c, &format!("pipelined {pipelined}"));
+    }
+}
+
+/// The TTL is in the AOF: a restart from it gives back the lock with it.
+#[test]
+fn a_restored_lock_keeps_its_ttl_through_the_aof() {
+    let mut s = Server::start_with(&["--save", "", "--appendonly", "yes"], &[]);
+    let mut c = s.client();
+    let dump = dump_of(
+        &mut c,
+        "src",
+        &[&["RLOCK.ACQUIRE", "src", "w", "PX", "600000"]],
+    );
+    restore(&mut c, "k", "0", &dump);
+    wait_until(Duration::from_secs(1), || int(&mut c, &["PTTL", "k"]) > 0);
+    s.restart();
+    let mut c = s.client();
+    let pttl = int(&mut c, &["PTTL", "k"]);
+    assert!(pttl > 590_000 && pttl <= 600_000, "PTTL {pttl}");
 }
 
 // ---------------------------------------------------------------------------
