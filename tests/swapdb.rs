@@ -156,3 +156,32 @@ fn a_keepalive_holding_survives_a_swap() {
     assert_eq!(stat(&mut c, "lease_expirations"), 0);
     assert_eq!(stat(&mut c, "keepalive_holds"), 0);
 }
+
+/// A key `RESTORE` loaded a lock into is looked at on the next turn of the
+/// event loop (its TTL made the lock's latest deadline): a SWAPDB in the same
+/// pipeline moves that look along with the value.
+#[test]
+fn a_lock_restored_just_before_a_swap_gets_its_ttl_in_its_new_database() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "src", "w", "PX", "5000"]);
+    let dump: Vec<u8> = cmd("DUMP").arg("src").query(&mut c).unwrap();
+    int(&mut c, &["DEL", "src"]);
+    let _: () = redis::pipe()
+        .cmd("RESTORE")
+        .arg("k")
+        .arg(0)
+        .arg(&dump)
+        .ignore()
+        .cmd("SWAPDB")
+        .arg(0)
+        .arg(1)
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    let mut c1 = client_in(&s, 1);
+    wait_until(Duration::from_secs(1), || {
+        (1..=5000).contains(&int(&mut c1, &["PTTL", "k"]))
+    });
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+}
