@@ -621,6 +621,12 @@ fn keyspace_events_and_channel_follow_configuration() {
     );
     int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
     assert_eq!(next().1, "rlock.acquire");
+    // A reentrant hold released: the key changed (a keyspace event, as
+    // HINCRBY's would be), but nobody may take the lock (no message).
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+    assert_eq!(next().1, "rlock.acquire");
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k", "a"]), 1);
+    assert_eq!(next(), ("__keyspace@0__:k".into(), "rlock.release".into()));
     int(&mut c, &["RLOCK.FORCERELEASE", "k"]);
     let mut got = [next(), next()];
     got.sort();

@@ -336,6 +336,25 @@ fn releasing_write_while_reading_downgrades_and_lets_queued_readers_in() {
     assert!(t3 > t2);
 }
 
+/// A downgrade makes room for readers: clients on the unlock channel (which
+/// cannot park a connection) are told, as on any release that frees room.
+#[test]
+fn a_downgrade_is_published_on_the_unlock_channel() {
+    let s = server();
+    let mut c = s.client();
+    let mut sub = s.client();
+    sub.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut ps = sub.as_pubsub();
+    ps.subscribe("__rlock@0__:dg").unwrap();
+    grant(&mut c, "dg", "WRITE", "a", &[]);
+    grant(&mut c, "dg", "READ", "a", &[]);
+    assert!(is_nil(&mut c, &["RWLOCK.ACQUIRE", "dg", "READ", "b"]));
+    assert_eq!(release(&mut c, "dg", "WRITE", "a"), 0);
+    let m = ps.get_message().unwrap();
+    assert_eq!(m.get_payload::<String>().unwrap(), "released");
+    // b, retrying on the message, gets in next to a's READ.
+    grant(&mut c, "dg", "READ", "b", &[]);
+}
 #[test]
 fn upgrade_is_refused_even_with_block_and_changes_nothing() {
     let s = server();

@@ -326,6 +326,34 @@ fn the_latest_limit_is_in_force_and_a_lower_one_ends_nobody() {
     assert!(acquire(&mut c, "s", "e", 6, 1, &[]).is_some());
 }
 
+/// The limit in force outlives the last holder for the waiters its release
+/// lets in: they are served under the latest ACQUIRE's limit, not their own.
+#[test]
+fn waiters_let_in_by_the_last_release_get_the_latest_limit() {
+    let s = Server::start();
+    let mut c = s.client();
+    grant(&mut c, "sl", "a", 3, 3);
+    let mut waiters = Vec::new();
+    for (i, w) in ["w1", "w2", "w3"].into_iter().enumerate() {
+        let args = ["SEMAPHORE.ACQUIRE", "sl", w, "LIMIT", "3", "BLOCK", "1500"];
+        waiters.push(spawn_call(&s, &args));
+        wait_parked(&mut c, i as i64 + 1);
+    }
+    assert_eq!(acquire(&mut c, "sl", "n", 1, 1, &[]), None);
+    assert_eq!(release(&mut c, "sl", "a", 3), 0);
+    let granted: Vec<bool> = waiters
+        .into_iter()
+        .map(|w| matches!(w.join().unwrap().0, Ok(Value::Int(_))))
+        .collect();
+    assert_eq!(
+        granted,
+        vec![true, false, false],
+        "one permit under LIMIT 1"
+    );
+    assert_eq!(info_int(&mut c, "sl", "limit"), 1);
+    assert_eq!(info_int(&mut c, "sl", "used"), 1);
+}
+
 #[test]
 fn fifo_large_head_blocks_smaller_ones_and_one_release_serves_many() {
     let s = Server::start();

@@ -107,6 +107,9 @@ struct Park {
 struct Change {
     dirty: bool,
     acquired: bool,
+    /// A hold was released that made no room for anyone (a reentrant count
+    /// went down): a keyspace event, no message on the unlock channel.
+    released: bool,
     ended: Ended,
     served: Vec<Served>,
     park: Option<Park>,
@@ -118,6 +121,7 @@ impl Change {
         Change {
             dirty: false,
             acquired: false,
+            released: false,
             ended: Ended::default(),
             served: Vec::new(),
             park: None,
@@ -132,6 +136,19 @@ impl Change {
     fn end(&mut self, reason: EndReason) {
         self.dirty = true;
         self.ended.insert(reason);
+    }
+
+    /// A release by a holder. Room for others (the unlock channel's message):
+    /// its tenure ended, permits came back (the holding may go on), or a WRITE
+    /// went while READ stays (a downgrade lets readers in).
+    fn release(&mut self, kind: Kind, mode: Mode, remaining: u32, ended: bool) {
+        self.dirty = true;
+        let downgrade = kind == Kind::ReadWrite && mode == Mode::Write && remaining == 0;
+        if ended || kind == Kind::Semaphore || downgrade {
+            self.end(EndReason::Released);
+        } else {
+            self.released = true;
+        }
     }
 }
 
@@ -209,11 +226,12 @@ impl Opened<'_> {
     }
 
     /// Puts a semaphore ACQUIRE's limit in force (the latest is); whether it
-    /// was raised, which may let waiters in ahead of the caller.
+    /// was raised, which may let waiters in ahead of the caller. A semaphore
+    /// with no limit yet (a new one) takes it with its first grant.
     fn put_limit(&mut self, limit: u32) -> bool {
         let state = self.slot.state();
         let old = state.limit();
-        if state.is_free() || limit == old {
+        if old == 0 || limit == old {
             return false;
         }
         state.set_limit(limit, &mut self.change.delta);
@@ -462,11 +480,7 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
         }
         Action::Release { owner, mode } => match state.release(owner, mode, &mut change.delta) {
             Ok((remaining, ended)) => {
-                change.dirty = true;
-                // Returned permits are room for others even if the holding goes on.
-                if ended || kind == Kind::Semaphore {
-                    change.end(EndReason::Released);
-                }
+                change.release(kind, mode, remaining, ended);
                 Reply::Int(remaining as i64)
             }
             Err(refused) => Reply::err(refused.0),
@@ -636,6 +650,9 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     for reason in change.ended.iter() {
         notify::publish(ctx, db, name, reason);
         notify::keyspace(ctx, kind, notify::Event::End(reason), keyname);
+    }
+    if change.released {
+        notify::keyspace(ctx, kind, notify::Event::End(EndReason::Released), keyname);
     }
     if change.acquired {
         notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);

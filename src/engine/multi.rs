@@ -22,7 +22,7 @@ use std::cell::Cell;
 use super::{finish, open, refuse_on_replica, Opened, Origin};
 use crate::blocking;
 use crate::ffi::{now_ms, select_db, Ctx, OwnedStr, RStr, Reply};
-use crate::lock::{err, Admission, EndReason, Kind, Mode};
+use crate::lock::{err, Admission, Kind, Mode};
 use crate::stats;
 use crate::token;
 
@@ -183,10 +183,7 @@ pub fn release_all(ctx: *mut Ctx, keynames: &[*mut RStr], owner: &[u8]) -> Reply
                     .state()
                     .release(owner, Mode::Write, &mut o.change.delta)
                     .unwrap_or((0, false));
-                o.change.dirty = true;
-                if ended {
-                    o.change.end(EndReason::Released);
-                }
+                o.change.release(Kind::Reentrant, Mode::Write, left, ended);
                 Reply::Int(left as i64)
             })
             .collect();

@@ -367,6 +367,35 @@ mod tests {
     }
 
     #[test]
+    fn waiters_let_in_by_the_last_release_get_the_limit_in_force() {
+        let permits = |count, limit| Mode::Permits { count, limit };
+        let mut lock = LockState::new(Kind::Semaphore);
+        let mut q = WaitQueue::new(Kind::Semaphore);
+        let mut next = 0;
+        let mut issue = || {
+            next += 1;
+            Some(next)
+        };
+        let d = &mut Delta::off();
+        lock.grant(b"a", permits(3, 3), 10, &mut issue, d).unwrap();
+        for (id, o) in [(1, "w1"), (2, "w2"), (3, "w3")] {
+            q.push(waiter(id, o, permits(1, 3)));
+        }
+        // The latest ACQUIRE lowered the limit to 1; then `a` returns all.
+        lock.set_limit(1, d);
+        lock.release(b"a", permits(3, 3), d).unwrap();
+        assert!(lock.is_free());
+        let served = q.serve(&mut lock, 5, &mut issue, d);
+        assert_eq!(ids(&served), vec![1], "one permit under the limit in force");
+        assert_eq!((lock.limit(), lock.used()), (1, 1));
+        // A new semaphore takes its first grant's limit.
+        let mut fresh = LockState::new(Kind::Semaphore);
+        assert_eq!(fresh.admit(b"x", permits(2, 2)), Admission::Fresh);
+        fresh.grant(b"x", permits(2, 2), 10, &mut issue, d).unwrap();
+        assert_eq!(fresh.limit(), 2);
+    }
+
+    #[test]
     fn waiters_are_refused_a_lock_of_another_family() {
         let mut lock = LockState::new(Kind::Fair);
         let mut q = WaitQueue::new(Kind::Reentrant);

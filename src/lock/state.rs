@@ -223,7 +223,10 @@ impl LockState {
         if let Mode::Permits { count, limit } = mode {
             // An owner's further permits queue like anyone's: a large request
             // at the head is not overtaken by holders topping up.
-            let limit = if self.is_free() { limit } else { self.limit };
+            // The request's limit only starts a semaphore; one that has a
+            // limit keeps it while the last holder leaves and its waiters are
+            // served (the latest ACQUIRE's, not each waiter's own).
+            let limit = if self.limit == 0 { limit } else { self.limit };
             return if self.used() + count as u64 <= limit as u64 {
                 Admission::Fresh
             } else {
@@ -250,7 +253,7 @@ impl LockState {
     /// Adds one hold of `mode` (a semaphore: its permits) for `owner` and
     /// resets its lease to `deadline`. A new holder takes a fresh token from
     /// `issue`; an existing one keeps its own. The caller has checked `admit`;
-    /// a semaphore created by this grant takes the request's limit.
+    /// a semaphore created by this grant (no limit yet) takes the request's limit.
     pub fn grant(
         &mut self,
         owner: &[u8],
@@ -265,7 +268,7 @@ impl LockState {
             return Ok(token);
         }
         let token = issue().ok_or(Refused(err::TOKENS_EXHAUSTED))?;
-        if let (Mode::Permits { limit, .. }, true) = (mode, self.is_free()) {
+        if let (Mode::Permits { limit, .. }, 0) = (mode, self.limit) {
             self.set_limit(limit, delta);
         }
         let mut holder = Holder {
