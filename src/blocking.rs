@@ -474,7 +474,9 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
                 api!(RedisModule_UnblockClient)(bc, std::ptr::null_mut());
             }
         }
-        let retry = with(|r| !r.withheld.is_empty()) && !crate::min_replicas::refuses_writes();
+        let retry = with(|r| !r.withheld.is_empty())
+            && !crate::min_replicas::refuses_writes()
+            && !crate::role::writes_paused();
         if retry {
             let keys: Vec<(i32, Vec<u8>)> = with(|r| r.withheld.drain().collect());
             for (db, key) in keys {

@@ -45,6 +45,9 @@ struct Registry {
     by_client: HashMap<u64, HashSet<u64>>,
     /// (next renewal, binding id)
     due: BTreeSet<(i64, u64)>,
+    /// Holdings whose connection closed while writes were paused: they end
+    /// once the pause is over.
+    closed: Vec<Binding>,
     timer: Option<(raw::RedisModuleTimerID, i64)>,
 }
 
@@ -122,12 +125,25 @@ pub fn bound_client(db: i32, key: &[u8], token: u64) -> Option<u64> {
     })
 }
 
-/// A connection closed: every holding bound to it ends as a release.
+/// A connection closed: every holding bound to it ends as a release (once
+/// writes are no longer paused).
 pub fn client_gone(ctx: *mut Ctx, client: u64) {
     let ended: Vec<Binding> = with(|r| {
         let ids = r.by_client.remove(&client).unwrap_or_default();
         ids.into_iter().filter_map(|id| r.remove(id)).collect()
     });
+    if ended.is_empty() {
+        return;
+    }
+    if crate::role::writes_paused() {
+        with(|r| r.closed.extend(ended));
+        arm(ctx);
+        return;
+    }
+    end_all(ctx, ended);
+}
+
+fn end_all(ctx: *mut Ctx, ended: Vec<Binding>) {
     for b in ended {
         let (db, _, token) = b.holding;
         crate::engine::end_holding(ctx, db, b.keyname.ptr(), token);
@@ -138,10 +154,10 @@ pub fn client_gone(ctx: *mut Ctx, client: u64) {
 /// value now lives under the other number.
 pub fn swap_dbs(a: i32, b: i32) {
     with(|r| {
-        if r.bindings.is_empty() {
+        if r.bindings.is_empty() && r.closed.is_empty() {
             return;
         }
-        for binding in r.bindings.values_mut() {
+        for binding in r.bindings.values_mut().chain(r.closed.iter_mut()) {
             binding.holding.0 = crate::lease::across_swap(binding.holding.0, (a, b));
         }
         r.ids = r
@@ -160,12 +176,21 @@ pub fn clear() {
         r.ids.clear();
         r.by_client.clear();
         r.due.clear();
+        r.closed.clear();
     });
 }
 
 fn arm(ctx: *mut Ctx) {
+    arm_not_before(ctx, i64::MIN);
+}
+
+/// Arms the timer for the next renewal (or closed holding to end), not
+/// before the millisecond `floor`.
+fn arm_not_before(ctx: *mut Ctx, floor: i64) {
     let stale = with(|r| {
-        let due = r.due.first()?.0;
+        let closed = (!r.closed.is_empty()).then(now_ms);
+        let renewal = r.due.first().map(|d| d.0);
+        let due = closed.into_iter().chain(renewal).min()?.max(floor);
         match r.timer {
             Some((_, at)) if at <= due => None,
             _ => Some((r.timer.take(), due)),
@@ -196,8 +221,14 @@ struct Renewal {
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("keepalive timer", (), || {
         let now = now_ms();
+        with(|r| r.timer = None);
+        if crate::role::writes_paused() {
+            arm_not_before(ctx, now + crate::role::PAUSE_RETRY_MS);
+            return;
+        }
+        let closed = with(|r| std::mem::take(&mut r.closed));
+        end_all(ctx, closed);
         let due: Vec<Renewal> = with(|r| {
-            r.timer = None;
             let mut due = Vec::new();
             while due.len() < MAX_PER_TICK {
                 match r.due.first() {

@@ -453,6 +453,10 @@ const LATE_US: i64 = 2_000;
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("lease timer", (), || {
         let fired = with(|s| s.timer.take());
+        if active() && crate::role::writes_paused() {
+            arm_not_before(ctx, now_ms() + crate::role::PAUSE_RETRY_MS);
+            return;
+        }
         let late = fired.is_some_and(|t| crate::ffi::micros() - t.fires_at_us >= LATE_US);
         if active() && late && !with(|s| std::mem::replace(&mut s.yielded, true)) {
             // The turn before this one was long: Redis's cron with its

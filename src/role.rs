@@ -34,6 +34,19 @@ pub fn propagates() -> bool {
     PROPAGATE.load(Ordering::Relaxed)
 }
 
+/// Whether clients are paused for writes (`CLIENT PAUSE`, a failover). Redis
+/// then lets nothing change the dataset, and asserts that nothing is
+/// propagated (the server dies if a module does), while a key past its TTL
+/// reads as absent but stays in place. So the module's own timers and hooks
+/// change no lock meanwhile: they try again once the pause is over, as
+/// Redis's own expiry does.
+pub fn writes_paused() -> bool {
+    unsafe { api!(RedisModule_AvoidReplicaTraffic)() != 0 }
+}
+
+/// How often work held back by a pause looks again.
+pub const PAUSE_RETRY_MS: i64 = 10;
+
 pub fn set_loading(loading: bool) {
     LOADING.store(loading, Ordering::Relaxed);
 }
