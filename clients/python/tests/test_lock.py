@@ -190,6 +190,23 @@ class LockTest(unittest.TestCase):
         finally:
             own.stop()
 
+    def test_lost_when_the_server_refuses_every_renewal_for_a_lease(self) -> None:
+        # Demoted (REPLICAOF another master), the server answers READONLY to
+        # every RENEW: that is no renewal either, and the lease runs out.
+        own, other = harness.Server(), harness.Server()
+        try:
+            r = own.client()
+            reported: List[Lock] = []
+            lock = Lock(r, "demoted", lease_ms=300, on_lost=reported.append)
+            lock.acquire()
+            r.execute_command("REPLICAOF", "127.0.0.1", str(other.port))
+            wait_for(lock.lost.is_set, 3)
+            self.assertEqual(reported, [lock])
+            self.assertFalse(lock.locked)
+        finally:
+            own.stop()
+            other.stop()
+
     def test_pubsub_path_waits_without_a_parked_connection(self) -> None:
         holder = Lock(self.r, "ps")
         first = holder.acquire()

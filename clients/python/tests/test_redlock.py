@@ -171,6 +171,10 @@ class RedLockTest(unittest.TestCase):
             self.assertEqual([t is None for t in grant.tokens], [False, True, False, False, True])
             self.assertLess(elapsed, 0.6)  # asked at once: one timeout, not one per server
             self.assertEqual(self.holders("res"), [True, False, True, True, False])
+            renewed = await lock.extend()
+            assert renewed is not None
+            self.assertEqual(renewed.granted, 3)
+            self.assertEqual(renewed.tokens, grant.tokens)
             self.assertEqual(await lock.release(), 3)
             self.assertEqual(self.holders("res"), [False] * N)
             self.servers[3].kill()  # two dead, one frozen: no quorum

@@ -220,16 +220,17 @@ class _Renewer:
                 try:
                     lock._send_renew()
                     last_ok = time.monotonic()
-                except redis.ResponseError as e:
-                    if is_notowner(e):
+                except redis.RedisError as e:
+                    if isinstance(e, redis.ResponseError) and is_notowner(e):
                         lost = str(e)
                     else:
+                        # Connection trouble, or a server that refuses the
+                        # renewal (READONLY after a demotion, NOREPLICAS):
+                        # keep trying while the lease may still run; once a
+                        # whole lease passed without a renewal it ended.
                         log.warning("rlock renewal of %r: %s", lock.key, e)
-                except redis.RedisError as e:
-                    # Connection trouble: keep trying while the lease may still
-                    # run; once a whole lease passed without a renewal it ended.
-                    if time.monotonic() - last_ok >= lease_ms / 1000.0:
-                        lost = "no renewal reached the server for a whole lease (%s)" % e
+                        if time.monotonic() - last_ok >= lease_ms / 1000.0:
+                            lost = "no renewal reached the server for a whole lease (%s)" % e
             if lost is not None:
                 lock._mark_lost(lost)
                 return
@@ -709,6 +710,18 @@ class RedLockGrant:
         return sum(t is not None for t in self.tokens)
 
 
+def _renewed_grant(lock: Any, replies: List[Tuple[bool, Any]], start: float) -> Optional[RedLockGrant]:
+    """The grant after ``RLOCK.RENEW`` on every server (``replies``, sent at
+    ``start``), or None unless a quorum renewed within the new validity."""
+    elapsed_ms = (time.monotonic() - start) * 1000.0
+    renewed = [ok and r == 1 for ok, r in replies]
+    validity = lock.lease_ms - elapsed_ms - drift_ms(lock.lease_ms, lock.drift_factor)
+    if sum(renewed) < lock.quorum or validity <= 0:
+        return None
+    tokens = tuple(t if ok else None for t, ok in zip(lock.grant.tokens, renewed))
+    return RedLockGrant(tokens, validity, start)
+
+
 def _redlock_client(server: Union["redis.Redis", str], timeout: float) -> "redis.Redis":
     if isinstance(server, str):
         return redis.Redis.from_url(
@@ -839,14 +852,10 @@ class RedLock:
             raise RuntimeError("this RedLock is not held")
         start = time.monotonic()
         replies = self._each(lambda owner: ["RLOCK.RENEW", self.key, owner, "PX", self.lease_ms])
-        elapsed_ms = (time.monotonic() - start) * 1000.0
-        renewed = [ok and r == 1 for ok, r in replies]
-        validity = self.lease_ms - elapsed_ms - drift_ms(self.lease_ms, self.drift_factor)
-        if sum(renewed) >= self.quorum and validity > 0:
-            tokens = tuple(t if ok else None for t, ok in zip(self.grant.tokens, renewed))
-            self.grant = RedLockGrant(tokens, validity, start)
-            return self.grant
-        return None
+        grant = _renewed_grant(self, replies, start)
+        if grant is not None:
+            self.grant = grant
+        return grant
 
     def __enter__(self) -> RedLockGrant:
         grant = self.acquire(timeout=self.timeout)

@@ -57,7 +57,7 @@ from ._common import (
     semaphore_release,
 )
 from ._common import unlock_channel
-from ._sync import RedLockGrant
+from ._sync import RedLockGrant, _renewed_grant
 
 log = logging.getLogger("rlock")
 
@@ -631,6 +631,19 @@ class AsyncRedLock:
                     return None
                 delay = min(delay, left)
             await asyncio.sleep(delay)
+
+    async def extend(self) -> Optional[RedLockGrant]:
+        """Renews the lease on every server (see ``RedLock.extend``): the new
+        grant when a quorum renewed within the new validity, else None (the
+        lock must be taken as lost; ``release`` still cleans up)."""
+        if self.owner is None or self.grant is None:
+            raise RuntimeError("this RedLock is not held")
+        start = time.monotonic()
+        replies = await self._each("RLOCK.RENEW", self.key, self.owner, "PX", self.lease_ms)
+        grant = _renewed_grant(self, replies, start)
+        if grant is not None:
+            self.grant = grant
+        return grant
 
     async def release(self) -> int:
         if self.owner is None:
