@@ -577,6 +577,9 @@ fn populate(c: &mut Connection) -> Vec<(String, i64, i64)> {
     // Lowered below the permits in use: nothing ends, nothing new fits.
     assert_eq!(acquire(c, "sem", "d", 6, 1, &[]), None);
     grant(c, "one", "x", 1, 1);
+    // One holding alone above a lowered limit.
+    grant(c, "big", "x", 3, 3);
+    assert_eq!(acquire(c, "big", "y", 1, 1, &[]), None);
     holdings(&sem_info(c, "sem"))
 }
 
@@ -586,6 +589,8 @@ fn assert_state(c: &mut Connection, expected: &[(String, i64, i64)]) {
     assert_eq!(as_int(&field(&info, "limit")), 6);
     assert_eq!(as_int(&field(&info, "used")), 7);
     assert_eq!(info_int(c, "one", "limit"), 1);
+    assert_eq!(info_int(c, "big", "limit"), 1);
+    assert_eq!(info_int(c, "big", "used"), 3);
 }
 
 #[test]

@@ -161,7 +161,6 @@ impl Compact {
             && self.owner_form != 0
             && LockState::lone_holds_valid(
                 kind,
-                self.limit.into(),
                 (self.reads.into(), self.writes.into()),
                 self.token,
                 self.deadline,
@@ -436,7 +435,8 @@ mod tests {
         assert!(!valid(Kind::ReadWrite, 0, b"w", 1, 0, 1001, 0));
         assert!(!valid(Kind::ReadWrite, 0, b"w", 1, 0, 5, -1));
         assert!(!valid(Kind::Semaphore, 0, b"w", 1, 0, 5, 0));
-        assert!(!valid(Kind::Semaphore, 2, b"w", 3, 0, 5, 0));
+        // More permits than the limit: a limit lowered under the holding.
+        assert!(valid(Kind::Semaphore, 2, b"w", 3, 0, 5, 0));
         assert!(!valid(Kind::Semaphore, 2, b"w", 1, 1, 5, 0));
         assert!(valid(Kind::Semaphore, 2, b"w", 2, 0, 5, 0));
     }

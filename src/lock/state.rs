@@ -493,8 +493,8 @@ impl LockState {
     /// Whether `h` may join the current holders as it is: the rules every
     /// state the commands make keeps (one holder for exclusive families, a
     /// writer alone, distinct owners and tokens, at least one hold, ranges).
-    /// A semaphore's holdings are permits only, as many as fit the limit
-    /// (several may exceed a lowered limit together, never one alone).
+    /// A semaphore's holdings are permits only, in any number: a lowered
+    /// limit ends no holding, so the holdings may exceed it, also one alone.
     fn fits(&self, h: &Holder, max_token: u64) -> bool {
         let joins = match self.kind {
             Kind::Semaphore => true,
@@ -506,7 +506,6 @@ impl LockState {
             && !h.owner.is_empty()
             && Self::lone_holds_valid(
                 self.kind,
-                self.limit,
                 (h.reads, h.writes),
                 h.token,
                 h.deadline,
@@ -521,14 +520,14 @@ impl LockState {
     /// deadline not before 0.
     pub fn lone_holds_valid(
         kind: Kind,
-        limit: u32,
         (reads, writes): (u32, u32),
         token: u64,
         deadline: i64,
         max_token: u64,
     ) -> bool {
         let family_rules = match kind {
-            Kind::Semaphore => writes == 0 && reads <= limit,
+            // A lowered limit ends no holding: one holding may exceed it.
+            Kind::Semaphore => writes == 0,
             Kind::ReadWrite => true,
             Kind::Reentrant | Kind::Fair => reads == 0,
         };
