@@ -412,9 +412,9 @@ pub fn dequeue_all(db: i32, keys: &[Vec<u8>], id: u64) {
 }
 
 /// Answers a multi-key waiter with its tokens (already dequeued).
-pub fn deliver_all(id: u64, tokens: Vec<u64>) {
+pub fn deliver_all(id: u64, tokens: Vec<u64>, lease_ms: i64) {
     stats::bump(&stats::CONTENDED_GRANTS, 1);
-    bind_granted(id, &tokens);
+    bind_granted(id, &tokens, lease_ms);
     unblock(id, Status::GrantedAll(tokens));
 }
 
@@ -492,9 +492,13 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
 pub fn deliver(served: Vec<Served>) {
     for s in served {
         let (id, status) = match s {
-            Served::Granted { id, token } => {
+            Served::Granted {
+                id,
+                token,
+                lease_ms,
+            } => {
                 stats::bump(&stats::CONTENDED_GRANTS, 1);
-                bind_granted(id, &[token]);
+                bind_granted(id, &[token], lease_ms);
                 (id, Status::Granted(token))
             }
             Served::Refused { id, error } => (id, Status::Failed(error.to_string())),
@@ -504,17 +508,22 @@ pub fn deliver(served: Vec<Served>) {
     }
 }
 
-/// A KEEPALIVE waiter was granted `tokens` (one per key): bind them to its
-/// connection.
-fn bind_granted(id: u64, tokens: &[u64]) {
-    let bound = with(|r| {
+/// A waiter was granted `tokens` (one per key) with `lease_ms`: a KEEPALIVE
+/// waiter's holdings are bound to its connection; another's, where a holding
+/// it already had is bound, keep the binding in step with the new lease.
+fn bind_granted(id: u64, tokens: &[u64], lease_ms: i64) {
+    let any_bound = crate::keepalive::any_bound();
+    let granted = with(|r| {
         let rec = r.records.get(&id)?;
-        let (client, lease) = rec.keepalive?;
-        Some((rec.db, rec.keys.clone(), client, lease))
+        (rec.keepalive.is_some() || any_bound).then(|| (rec.db, rec.keys.clone(), rec.keepalive))
     });
-    if let Some((db, keys, client, lease)) = bound {
-        for (key, token) in keys.iter().zip(tokens) {
-            crate::keepalive::bind(db, key, *token, client, lease);
+    let Some((db, keys, keepalive)) = granted else {
+        return;
+    };
+    for (key, token) in keys.iter().zip(tokens) {
+        match keepalive {
+            Some((client, lease)) => crate::keepalive::bind(db, key, *token, client, lease),
+            None => crate::keepalive::lease_changed(db, key, *token, lease_ms),
         }
     }
 }

@@ -16,6 +16,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::c_void;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use redis_module::raw;
 
@@ -45,8 +46,8 @@ struct Registry {
     by_client: HashMap<u64, HashSet<u64>>,
     /// (next renewal, binding id)
     due: BTreeSet<(i64, u64)>,
-    /// Holdings whose connection closed while writes were paused: they end
-    /// once the pause is over.
+    /// Holdings whose connection closed, to end on the next tick (after a
+    /// pause of writes, once it is over).
     closed: Vec<Binding>,
     timer: Option<(raw::RedisModuleTimerID, i64)>,
 }
@@ -70,8 +71,48 @@ thread_local! {
     static REGISTRY: RefCell<Registry> = RefCell::new(Registry::default());
 }
 
+/// Bindings right now, kept outside the registry: every reentrant grant and
+/// RENEW asks whether its holding is bound, and with none bound (the usual
+/// case) that is a plain global load, not a thread-local access.
+static BOUND: AtomicUsize = AtomicUsize::new(0);
+
 fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
-    REGISTRY.with(|r| f(&mut r.borrow_mut()))
+    REGISTRY.with(|r| {
+        let mut r = r.borrow_mut();
+        let out = f(&mut r);
+        BOUND.store(r.bindings.len(), Ordering::Relaxed);
+        out
+    })
+}
+
+/// Whether any holding is bound.
+pub fn any_bound() -> bool {
+    BOUND.load(Ordering::Relaxed) > 0
+}
+
+/// The owner renewed or acquired again a holding, from any connection, with
+/// a lease of its own: if the holding is bound, the binding takes that lease
+/// (the latest wins, renewing every third of it) and renews no later than a
+/// third of it from now. Otherwise a shorter lease set meanwhile would run
+/// out before the renewal the old lease scheduled, the connection still open.
+pub fn lease_changed(db: i32, key: &[u8], token: u64, lease_ms: i64) {
+    if !any_bound() {
+        return;
+    }
+    let sooner = with(|r| {
+        let id = *r.ids.get(&(db, key.to_vec(), token))?;
+        let b = r.bindings.get_mut(&id)?;
+        b.lease_ms = lease_ms;
+        let next = now_ms().saturating_add(renew_every(lease_ms));
+        (next < b.next).then(|| {
+            r.due.remove(&(b.next, id));
+            b.next = next;
+            r.due.insert((next, id));
+        })
+    });
+    if sooner.is_some() {
+        arm(crate::ffi::module_context());
+    }
 }
 
 /// Renewals of one tick at most (the rest follow on the next turn).
@@ -125,22 +166,22 @@ pub fn bound_client(db: i32, key: &[u8], token: u64) -> Option<u64> {
     })
 }
 
-/// A connection closed: every holding bound to it ends as a release (once
-/// writes are no longer paused).
+/// A connection closed: every holding bound to it ends as a release, on the
+/// timer's next tick (at once, or after a pause of writes). Not here: this
+/// event's context is the closing client's own, and selecting the holding's
+/// database in it would move that client to another database while Redis
+/// frees it (a parked client is then unblocked from the wrong database's
+/// keys: a server assertion).
 pub fn client_gone(ctx: *mut Ctx, client: u64) {
-    let ended: Vec<Binding> = with(|r| {
+    let ended = with(|r| {
         let ids = r.by_client.remove(&client).unwrap_or_default();
-        ids.into_iter().filter_map(|id| r.remove(id)).collect()
+        let ended: Vec<Binding> = ids.into_iter().filter_map(|id| r.remove(id)).collect();
+        r.closed.extend(ended);
+        !r.closed.is_empty()
     });
-    if ended.is_empty() {
-        return;
-    }
-    if crate::role::writes_paused() {
-        with(|r| r.closed.extend(ended));
+    if ended {
         arm(ctx);
-        return;
     }
-    end_all(ctx, ended);
 }
 
 fn end_all(ctx: *mut Ctx, ended: Vec<Binding>) {

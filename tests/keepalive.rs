@@ -295,3 +295,74 @@ fn grammar_and_scripts() {
     assert!(t > 0);
     assert_eq!(keepalive_of(&mut c, "k"), Some(id));
 }
+
+/// A bound holding renewed or acquired again with a shorter lease (from any
+/// connection, without KEEPALIVE) keeps being renewed in time: the binding
+/// takes the latest lease, and the connection's holding never runs out.
+#[test]
+fn a_shorter_lease_set_later_is_renewed_in_time() {
+    let s = Server::start();
+    let mut holder = s.client();
+    let mut c = s.client();
+    for (key, family, acquire) in [
+        ("r", "RLOCK", &["RLOCK.ACQUIRE", "r", "o"][..]),
+        ("w", "RWLOCK", &["RWLOCK.ACQUIRE", "w", "READ", "o"]),
+        (
+            "s",
+            "SEMAPHORE",
+            &["SEMAPHORE.ACQUIRE", "s", "o", "LIMIT", "5"],
+        ),
+    ] {
+        let with = |extra: &[&'static str]| [acquire, extra].concat();
+        let token = int(&mut holder, &with(&["PX", "1000", "KEEPALIVE"]));
+        // Acquired again from another connection with PX 60, then renewed
+        // to PX 50: either would end the holding before the renewal the
+        // 1 s lease scheduled (at 333 ms).
+        assert_eq!(int(&mut c, &with(&["PX", "60"])), token, "{family}");
+        sleep(Duration::from_millis(150));
+        let renew = format!("{family}.RENEW");
+        assert_eq!(int(&mut c, &[&renew, key, "o", "PX", "50"]), 1, "{family}");
+        sleep(Duration::from_millis(300));
+        let info = info_map(&mut c, &[&format!("{family}.INFO"), key]);
+        let ttl = as_int(&field(&info.expect(family), "ttl"));
+        assert!((0..=50).contains(&ttl), "{family}: ttl {ttl}");
+    }
+    assert_eq!(stat(&mut c, "lease_expirations"), 0);
+}
+
+/// The holdings of a closing connection end on the module's own timer, not
+/// in the disconnect event: there the context's client is the closing one,
+/// and selecting a holding's database in it moved that client under Redis,
+/// which then unblocked it from the wrong database (the server aborted).
+#[test]
+fn a_connection_parked_in_another_database_closes_cleanly() {
+    let s = Server::start();
+    let mut a = s.client();
+    let id = client_id(&mut a);
+    int(
+        &mut a,
+        &["RLOCK.ACQUIRE", "k1", "a", "PX", "10000", "KEEPALIVE"],
+    );
+    let mut h = s.client();
+    let _: () = cmd("SELECT").arg(1).query(&mut h).unwrap();
+    int(&mut h, &["RLOCK.ACQUIRE", "k2", "h", "PX", "10000"]);
+    let _: () = cmd("SELECT").arg(1).query(&mut a).unwrap();
+    let parked =
+        std::thread::spawn(move || call(&mut a, &["RLOCK.ACQUIRE", "k2", "a", "BLOCK", "5000"]));
+    let mut c = s.client();
+    wait_parked(&mut c, 1);
+    let _: () = cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut c)
+        .unwrap();
+    assert!(parked.join().unwrap().is_err());
+    wait_until(Duration::from_secs(2), || {
+        int(&mut c, &["EXISTS", "k1"]) == 0
+    });
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    assert_eq!(stat(&mut c, "keepalive_holds"), 0);
+    let _: () = cmd("SELECT").arg(1).query(&mut c).unwrap();
+    assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k2", "h"]), 0);
+}

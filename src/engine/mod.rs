@@ -459,6 +459,8 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
                         change.acquired = true;
                         if keepalive {
                             crate::keepalive::bind(db, name, token, client_id(ctx), lease_ms);
+                        } else {
+                            crate::keepalive::lease_changed(db, name, token, lease_ms);
                         }
                         Reply::Int(token as i64)
                     }
@@ -490,6 +492,7 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             match state.renew(owner, deadline, &mut change.delta) {
                 Ok(()) => {
                     change.dirty = true;
+                    renewed(db, name, state, owner, lease_ms);
                     Reply::Int(1)
                 }
                 Err(_) => Reply::err(err::NOTOWNER),
@@ -566,6 +569,16 @@ fn replay_packed(o: &mut Opened, steps: &delta::Steps, now: i64) -> Option<Reply
     o.slot = Slot::Packed(c);
     o.change.dirty = true;
     Some(Reply::Int(1))
+}
+
+/// `owner` renewed its holding to `lease_ms`: a KEEPALIVE binding of it
+/// follows (`keepalive::lease_changed`).
+fn renewed(db: i32, name: &[u8], state: &LockState, owner: &[u8], lease_ms: i64) {
+    if crate::keepalive::any_bound() {
+        if let Some(h) = state.holder(owner) {
+            crate::keepalive::lease_changed(db, name, h.token, lease_ms);
+        }
+    }
 }
 
 /// What started a change.

@@ -126,10 +126,11 @@ pub fn acquire_all(
     if grantable {
         reply = match grant_every(&mut opened, owner, lease_ms, now) {
             Ok(tokens) => {
-                if keepalive {
-                    let client = super::client_id(ctx);
-                    for (o, token) in opened.iter().zip(&tokens) {
-                        crate::keepalive::bind(o.db, o.name, *token, client, lease_ms);
+                let client = keepalive.then(|| super::client_id(ctx));
+                for (o, token) in opened.iter().zip(&tokens) {
+                    match client {
+                        Some(c) => crate::keepalive::bind(o.db, o.name, *token, c, lease_ms),
+                        None => crate::keepalive::lease_changed(o.db, o.name, *token, lease_ms),
                     }
                 }
                 blocking::tokens_reply(&tokens)
@@ -213,6 +214,7 @@ pub fn renew_all(
         for o in opened.iter_mut() {
             let _ = o.slot.state().renew(owner, deadline, &mut o.change.delta);
             o.change.dirty = true;
+            super::renewed(o.db, o.name, o.slot.state(), owner, lease_ms);
         }
         Reply::Int(1)
     } else {
@@ -280,7 +282,7 @@ fn serve_multi(ctx: *mut Ctx, id: u64) {
     }
     finish_all(ctx, opened, now);
     match outcome {
-        Some(Ok(tokens)) => blocking::deliver_all(id, tokens),
+        Some(Ok(tokens)) => blocking::deliver_all(id, tokens, w.lease_ms),
         Some(Err(e)) => blocking::fail(id, e),
         None => {}
     }

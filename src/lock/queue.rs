@@ -36,18 +36,15 @@ pub enum Served {
     Granted {
         id: u64,
         token: u64,
+        /// The lease it asked for (a holding it already had is renewed to it).
+        lease_ms: i64,
     },
     /// Answered with an error instead: its owner came to hold READ while it
     /// waited for WRITE (an upgrade), or the grant itself was refused.
-    Refused {
-        id: u64,
-        error: &'static str,
-    },
+    Refused { id: u64, error: &'static str },
     /// Its BLOCK time ran out before it could be served (the server was busy
     /// or frozen): it is answered as a timeout, never granted.
-    TimedOut {
-        id: u64,
-    },
+    TimedOut { id: u64 },
 }
 
 #[derive(Debug)]
@@ -176,7 +173,11 @@ impl WaitQueue {
                     Admission::Fresh | Admission::Reentrant => {
                         let deadline = now.saturating_add(head.lease_ms);
                         match lock.grant(&head.owner, head.mode, deadline, issue, delta) {
-                            Ok(token) => Served::Granted { id: head.id, token },
+                            Ok(token) => Served::Granted {
+                                id: head.id,
+                                token,
+                                lease_ms: head.lease_ms,
+                            },
                             Err(refused) => Served::Refused {
                                 id: head.id,
                                 error: refused.0,
