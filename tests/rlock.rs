@@ -1002,6 +1002,27 @@ fn waiters_are_never_granted_another_family_s_lock() {
     assert_eq!(as_string(&field(&info, "owner")), "z");
     let _ = call(&mut c, &["FLUSHALL"]);
 
+    // The same with the same family: the newcomer gets the key, the waiter
+    // of the removed lock is told to retry (never handed the key).
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg("k")
+        .cmd("RLOCK.ACQUIRE")
+        .arg("k")
+        .arg("z")
+        .query(&mut c)
+        .unwrap();
+    assert!(matches!(replies[1], Value::Int(_)), "{replies:?}");
+    let e = w.join().unwrap().0.unwrap_err();
+    assert_eq!(e.code(), Some("TRYAGAIN"), "{e}");
+    let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_string(&field(&info, "owner")), "z");
+    let _ = call(&mut c, &["FLUSHALL"]);
+
     // Overwritten by a fair lock (RENAME), which is then released before the
     // waiters' serve pass runs: they are refused, not handed the fair lock.
     int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);

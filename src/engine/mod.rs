@@ -313,21 +313,22 @@ fn open<'a>(
 /// lock of that family. So while the key is absent its queue's family is the
 /// key's, and a request of another is WRONGTYPE, unless the key was removed:
 /// its waiters are then told to retry at once, as their pass would, and the
-/// key is free for any family.
+/// key is free for any request (a waiter is never handed a removed key).
 fn claim_absent(db: i32, name: &[u8], wanted: Kind) -> Result<(), Reply> {
     if !blocking::any_queued() {
         return Ok(());
     }
-    match blocking::with_queue(db, name, |q| q.kind()) {
-        Some(k) if k != wanted => {
-            if !crate::lease::removal_pending(db, name) {
-                return Err(Reply::err(err::WRONGTYPE));
-            }
-            blocking::fail_all(db, name, notify::KEY_GONE_ERR);
-            Ok(())
-        }
-        _ => Ok(()),
+    let Some(queued) = blocking::with_queue(db, name, |q| q.kind()) else {
+        return Ok(());
+    };
+    if crate::lease::removal_pending(db, name) {
+        blocking::fail_all(db, name, notify::KEY_GONE_ERR);
+        return Ok(());
     }
+    if queued != wanted {
+        return Err(Reply::err(err::WRONGTYPE));
+    }
+    Ok(())
 }
 
 /// Runs `action` on the lock at `keyname`. `kind: None` accepts any lock family

@@ -190,6 +190,23 @@ class LockTest(unittest.TestCase):
         finally:
             own.stop()
 
+    def test_objects_sharing_an_owner_count_their_own_holds(self) -> None:
+        # Two objects of one owner share its tenure: the one that released
+        # holds nothing, stops renewing, and is not told "lost" when the
+        # other releases the last hold.
+        reported: List[Lock] = []
+        a = Lock(self.r, "shared", owner="o", lease_ms=600, on_lost=reported.append)
+        b = Lock(self.r, "shared", owner="o", lease_ms=600)
+        self.assertEqual(a.acquire(), b.acquire())
+        self.assertEqual(a.release(), 1)
+        self.assertEqual(a.holds, 0)
+        self.assertFalse(a.renewing)
+        self.assertEqual(b.holds, 1)
+        self.assertEqual(b.release(), 0)
+        time.sleep(0.5)  # past a renewal tick of the old lease
+        self.assertFalse(a.lost.is_set())
+        self.assertEqual(reported, [])
+
     def test_lost_when_the_server_refuses_every_renewal_for_a_lease(self) -> None:
         # Demoted (REPLICAOF another master), the server answers READONLY to
         # every RENEW: that is no renewal either, and the lease runs out.

@@ -402,7 +402,7 @@ class _LockBase:
             was_held = self._holds > 0
             try:
                 left = self._parse_left(call(args))
-                self._holds = self._holds_left(left)
+                self._holds = self._holds_after_release(left)
             except redis.ResponseError as e:
                 if not is_notowner(e):
                     raise
@@ -464,6 +464,12 @@ class _LockBase:
 
     def _holds_left(self, left: Any) -> int:
         return int(left)
+
+    def _holds_after_release(self, left: Any) -> int:
+        """This object's holds after one release: one grant fewer, and never
+        more than its owner has left on the server (other objects of the same
+        owner share the tenure, and release from it too)."""
+        return max(0, min(self._holds - self._grant_amount(), self._holds_left(left)))
 
     def _grant_amount(self) -> int:
         """Holds one grant adds (a semaphore: its permits)."""

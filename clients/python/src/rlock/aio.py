@@ -361,7 +361,7 @@ class _AsyncLockBase:
             await self._stop_renewer()
             await self._mark_lost(str(e), notify=was_held)
             raise LockLost(str(e)) from e
-        self._holds = self._holds_left(left)
+        self._holds = max(0, min(self._holds - self._grant_amount(), self._holds_left(left)))
         if self._holds == 0:
             await self._stop_renewer()
         return left
