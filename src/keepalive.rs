@@ -53,6 +53,18 @@ struct Registry {
 }
 
 impl Registry {
+    /// Thousands of bindings must not pin their peak size once all are gone.
+    fn release_spare_capacity(&mut self) {
+        if self.bindings.is_empty() && self.bindings.capacity() > 64 {
+            self.bindings = HashMap::new();
+            self.ids = HashMap::new();
+            self.by_client = HashMap::new();
+        }
+        if self.closed.is_empty() && self.closed.capacity() > 64 {
+            self.closed = Vec::new();
+        }
+    }
+
     fn remove(&mut self, id: u64) -> Option<Binding> {
         let b = self.bindings.remove(&id)?;
         self.ids.remove(&b.holding);
@@ -80,6 +92,7 @@ fn with<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
     REGISTRY.with(|r| {
         let mut r = r.borrow_mut();
         let out = f(&mut r);
+        r.release_spare_capacity();
         BOUND.store(r.bindings.len(), Ordering::Relaxed);
         out
     })
@@ -267,7 +280,10 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
             arm_not_before(ctx, now + crate::role::PAUSE_RETRY_MS);
             return;
         }
-        let closed = with(|r| std::mem::take(&mut r.closed));
+        // Each end is a whole change (replicated, published): a connection
+        // with 50,000 holdings must not take one tick; the rest follow on
+        // the next turns of the event loop.
+        let closed = with(|r| r.closed.drain(..r.closed.len().min(MAX_PER_TICK)).collect());
         end_all(ctx, closed);
         let due: Vec<Renewal> = with(|r| {
             let mut due = Vec::new();

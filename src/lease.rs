@@ -68,9 +68,17 @@ impl Deadlines {
         match self.due_of.remove(&id) {
             Some(due) => {
                 self.drop_from_bucket(due, &id);
+                self.release_spare_capacity();
                 true
             }
             None => false,
+        }
+    }
+
+    /// Many watched keys must not pin their peak size once all are gone.
+    fn release_spare_capacity(&mut self) {
+        if self.due_of.is_empty() && self.due_of.capacity() > 64 {
+            self.due_of = HashMap::new();
         }
     }
 
@@ -110,6 +118,7 @@ impl Deadlines {
                 entry.remove();
             }
         }
+        self.release_spare_capacity();
         out
     }
 
