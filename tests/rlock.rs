@@ -982,46 +982,29 @@ fn waiters_of_a_deleted_or_moved_lock_are_told_to_retry() {
 fn waiters_are_never_granted_another_family_s_lock() {
     let s = Server::start();
     let mut c = s.client();
-    // Deleted, then taken as a fair lock in the same MULTI.
-    int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
-    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
-    wait_parked(&mut c, 1);
-    let replies: Vec<Value> = redis::pipe()
-        .atomic()
-        .cmd("DEL")
-        .arg("k")
-        .cmd("FAIRLOCK.ACQUIRE")
-        .arg("k")
-        .arg("z")
-        .query(&mut c)
-        .unwrap();
-    assert!(matches!(replies[1], Value::Int(_)), "{replies:?}");
-    let e = w.join().unwrap().0.unwrap_err();
-    assert_eq!(e.code(), Some("TRYAGAIN"), "{e}");
-    let info = info_map(&mut c, &["FAIRLOCK.INFO", "k"]).unwrap();
-    assert_eq!(as_string(&field(&info, "owner")), "z");
-    let _ = call(&mut c, &["FLUSHALL"]);
-
-    // The same with the same family: the newcomer gets the key, the waiter
-    // of the removed lock is told to retry (never handed the key).
-    int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
-    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
-    wait_parked(&mut c, 1);
-    let replies: Vec<Value> = redis::pipe()
-        .atomic()
-        .cmd("DEL")
-        .arg("k")
-        .cmd("RLOCK.ACQUIRE")
-        .arg("k")
-        .arg("z")
-        .query(&mut c)
-        .unwrap();
-    assert!(matches!(replies[1], Value::Int(_)), "{replies:?}");
-    let e = w.join().unwrap().0.unwrap_err();
-    assert_eq!(e.code(), Some("TRYAGAIN"), "{e}");
-    let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
-    assert_eq!(as_string(&field(&info, "owner")), "z");
-    let _ = call(&mut c, &["FLUSHALL"]);
+    // Deleted, then taken in the same MULTI, by another family or the same:
+    // the newcomer gets the key, the waiter of the removed lock is told to
+    // retry (never handed the key).
+    for family in ["FAIRLOCK", "RLOCK"] {
+        int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
+        let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
+        wait_parked(&mut c, 1);
+        let replies: Vec<Value> = redis::pipe()
+            .atomic()
+            .cmd("DEL")
+            .arg("k")
+            .cmd(&format!("{family}.ACQUIRE"))
+            .arg("k")
+            .arg("z")
+            .query(&mut c)
+            .unwrap();
+        assert!(matches!(replies[1], Value::Int(_)), "{family}: {replies:?}");
+        let e = w.join().unwrap().0.unwrap_err();
+        assert_eq!(e.code(), Some("TRYAGAIN"), "{family}: {e}");
+        let info = info_map(&mut c, &[&format!("{family}.INFO"), "k"]).unwrap();
+        assert_eq!(as_string(&field(&info, "owner")), "z", "{family}");
+        let _ = call(&mut c, &["FLUSHALL"]);
+    }
 
     // Overwritten by a fair lock (RENAME), which is then released before the
     // waiters' serve pass runs: they are refused, not handed the fair lock.
