@@ -279,7 +279,8 @@ fn lock_deadlines(ctx: *mut Ctx, name: *mut crate::ffi::RStr) -> Option<(i64, i6
 /// TTL is propagated as `PEXPIREAT` after the `RESTORE`, so replicas and the
 /// AOF keep the same one. A lock whose leases all ended is left as it is: its
 /// watch, due at once, ends it on the next tick and propagates that. The key
-/// is opened for writing only here (closing it so signals it as modified).
+/// is opened for writing only here, and signalled as modified by hand (the
+/// module opts out of the implicit signal, see `init`).
 fn align_ttl(ctx: *mut Ctx, name: *mut crate::ffi::RStr, latest: i64) {
     if latest < now_ms() {
         return;
@@ -289,6 +290,7 @@ fn align_ttl(ctx: *mut Ctx, name: *mut crate::ffi::RStr, latest: i64) {
         if api!(RedisModule_SetAbsExpire)(k.raw, latest) != crate::ffi::OK {
             return;
         }
+        api!(RedisModule_SignalModifiedKey)(ctx, name);
         api!(RedisModule_Replicate)(
             ctx,
             c"PEXPIREAT".as_ptr(),

@@ -170,12 +170,13 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     store::set_lock_type(datatype::raw_type());
     // Loaders check every read (RESTORE and RDB payloads are untrusted input).
-    unsafe {
-        api!(RedisModule_SetModuleOptions)(
-            ctx.ctx,
-            redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS as c_int,
-        )
-    };
+    // A key opened for writing is not signalled as modified when closed: a
+    // lock command opens its key for writing before it knows whether it will
+    // change anything, and a busy ACQUIRE must not abort a `WATCH` on the key:
+    // the engine signals real changes.
+    let options = redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+        | redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+    unsafe { api!(RedisModule_SetModuleOptions)(ctx.ctx, options as c_int) };
     // Replaces the crate's default INFO callback with the `rlock` section.
     let info = unsafe { api!(RedisModule_RegisterInfoFunc)(ctx.ctx, Some(stats::info)) } == ffi::OK;
     if info && register_commands(ctx.ctx) && events::subscribe(ctx.ctx) {

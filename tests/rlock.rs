@@ -1079,3 +1079,102 @@ fn memory_usage_and_scan_by_type_see_lock_keys() {
     found.sort();
     assert_eq!(found, vec!["big", "fair", "many", "small"]);
 }
+
+/// `EXEC` of a transaction that watched `k`: `true` if it ran.
+fn exec_after_watch(c: &mut redis::Connection, between: impl FnOnce()) -> bool {
+    let _: () = cmd("WATCH").arg("k").query(c).unwrap();
+    between();
+    let _: () = cmd("MULTI").query(c).unwrap();
+    let _: () = cmd("PING").query(c).unwrap();
+    let ran: Value = cmd("EXEC").query(c).unwrap();
+    ran != Value::Nil
+}
+
+/// A lock command that changes nothing (busy, refused, wrong type, a read)
+/// leaves `WATCH` on its key alone, as a `SET NX` that finds the key does;
+/// every real change (grant, re-entry, renewal, release, lease end,
+/// hand-over, forced release) aborts the transaction.
+#[test]
+fn watch_is_aborted_by_real_changes_only() {
+    let s = Server::start();
+    let mut w = s.client();
+    let mut c = s.client();
+    // Per family: the holder's acquire and release, a busy request, a
+    // non-holder's release.
+    for (family, acquire, release, busy, refused) in [
+        ("RLOCK", "k a", "k a", "k b", "k b"),
+        ("FAIRLOCK", "k a", "k a", "k b", "k b"),
+        ("RWLOCK", "k WRITE a", "k WRITE a", "k READ b", "k READ b"),
+        (
+            "SEMAPHORE",
+            "k a LIMIT 2",
+            "k a",
+            "k b LIMIT 2 PERMITS 2",
+            "k b",
+        ),
+    ] {
+        let line = |verb: &str, rest: &str| format!("{family}.{verb} {rest}");
+        let run = |c: &mut redis::Connection, line: &str| {
+            let args: Vec<&str> = line.split(' ').collect();
+            call(c, &args)
+        };
+        let acquire = line("ACQUIRE", acquire);
+        assert!(
+            matches!(run(&mut c, &acquire), Ok(Value::Int(_))),
+            "{acquire}"
+        );
+        let other = if family == "RLOCK" {
+            "FAIRLOCK.ACQUIRE k b"
+        } else {
+            "RLOCK.ACQUIRE k b"
+        };
+        let no_ops = [
+            (line("ACQUIRE", busy), "nil"),
+            (line("RELEASE", refused), "NOTOWNER"),
+            (line("RENEW", "k b"), "NOTOWNER"),
+            (other.to_string(), "WRONGTYPE"),
+            (line("INFO", "k"), "the lock"),
+        ];
+        for (no_op, answer) in no_ops {
+            let mut reply = None;
+            let ran = exec_after_watch(&mut w, || reply = Some(run(&mut c, &no_op)));
+            let reply = format!("{:?}", reply.unwrap());
+            let expected = match answer {
+                "nil" => reply == "Ok(nil)",
+                "the lock" => reply.starts_with("Ok(array"),
+                code => reply.contains(code),
+            };
+            assert!(expected, "{no_op}: {reply}, expected {answer}");
+            assert!(ran, "{no_op}: a command that changed nothing aborted WATCH");
+        }
+        let release = line("RELEASE", release);
+        let changes = [
+            acquire.clone(),
+            line("RENEW", "k a PX 60000"),
+            release.clone(),
+            release,
+            acquire,
+            line("FORCERELEASE", "k"),
+        ];
+        for change in changes {
+            let mut reply = None;
+            let ran = exec_after_watch(&mut w, || reply = Some(run(&mut c, &change)));
+            let reply = reply.unwrap();
+            assert!(matches!(reply, Ok(Value::Int(_))), "{change}: {reply:?}");
+            assert!(!ran, "{change}: a change left WATCH alone");
+        }
+        assert_eq!(int(&mut c, &["EXISTS", "k"]), 0, "{family}");
+    }
+
+    // The lease timer's end of a hold, and its hand-over to a waiter.
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "50"]);
+    let ran = exec_after_watch(&mut w, || sleep(Duration::from_millis(300)));
+    assert!(!ran, "a lease end left WATCH alone");
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "a", "PX", "100"]);
+    let waiter = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    let ran = exec_after_watch(&mut w, || {
+        waiter.join().unwrap().0.unwrap();
+    });
+    assert!(!ran, "a hand-over on lease end left WATCH alone");
+}

@@ -18,7 +18,7 @@ use multi::serve_multi_ready;
 pub use multi::{acquire_all, release_all, renew_all};
 
 use crate::blocking;
-use crate::ffi::{api, bytes, now_ms, select_db, selected_db, Ctx, Key, OwnedStr, RStr, Reply};
+use crate::ffi::{api, bytes, now_ms, select_db, selected_db, Ctx, Key, OwnedStr, RStr, Reply, OK};
 use crate::lease::IfAbsent;
 use crate::lock::encoding::{self, Layout, Whole};
 use crate::lock::{
@@ -642,14 +642,19 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
             None
         }
     };
+    let mut modified = gone || change.dirty;
     if let Some(state) = state {
-        if (change.dirty || origin != Origin::Local) && origin != Origin::Rewritten {
-            if let Some(latest) = state.latest_deadline() {
-                unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) };
-            }
+        if let Some(latest) = state.latest_deadline() {
+            modified |= set_ttl(key, latest, change.dirty, origin);
         }
         let waiting = blocking::any_queued() && blocking::queue_len(db, name) > 0;
         crate::lease::watch(ctx, db, name, state, waiting);
+    }
+    // The module opts out of Redis's signal on closing a key opened for
+    // writing (see `init`): a request that changed nothing leaves `WATCH`
+    // and client-side caches alone.
+    if modified {
+        unsafe { api!(RedisModule_SignalModifiedKey)(ctx, keyname) };
     }
     if !change.delta.is_empty() {
         crate::effect::replicate(ctx, keyname, change.delta.bytes());
@@ -670,6 +675,25 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     }
     if change.acquired {
         notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);
+    }
+}
+
+/// Makes the key's TTL the lock's latest deadline; whether that changed the
+/// key. A change sets it; the lease timer and a master's effect also set it
+/// when nothing changed (after `RESTORE` it may not be the latest deadline
+/// yet); a rewritten lock leaves it to the `PEXPIREAT` Redis writes after it.
+fn set_ttl(key: &Key, latest: i64, dirty: bool, origin: Origin) -> bool {
+    match origin {
+        Origin::Rewritten => false,
+        _ if dirty => {
+            unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) };
+            false
+        }
+        Origin::Local => false,
+        Origin::Timer | Origin::Replicated => {
+            let ttl = unsafe { api!(RedisModule_GetAbsExpire)(key.raw) };
+            ttl != latest && unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) } == OK
+        }
     }
 }
 
