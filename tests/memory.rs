@@ -258,3 +258,39 @@ fn twenty_thousand_keepalive_holdings_end_and_leave_nothing_behind() {
     assert_eq!(int(&mut c, &["DBSIZE"]), 0);
     wait_back_to(&mut c, baseline, 1_500_000);
 }
+
+/// A lock with many holders is freed off the main thread when it is removed
+/// lazily (`UNLINK`), as Redis frees a large hash; a one-holder lock is
+/// freed at once (not worth a hand-off).
+#[test]
+fn a_lock_with_many_holders_is_freed_in_the_background_on_unlink() {
+    let s = Server::start();
+    let mut c = s.client();
+    let lazyfreed = |c: &mut Connection| -> i64 {
+        let info: String = cmd("INFO").arg("memory").query(c).unwrap();
+        let line = info
+            .lines()
+            .find_map(|l| l.strip_prefix("lazyfreed_objects:"));
+        line.expect("INFO memory has lazyfreed_objects")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let mut pipe = redis::pipe();
+    for i in 0..1000 {
+        pipe.cmd("RWLOCK.ACQUIRE")
+            .arg("readers")
+            .arg("READ")
+            .arg(format!("r{i}"));
+        pipe.ignore();
+    }
+    let _: () = pipe.query(&mut c).unwrap();
+    int(&mut c, &["SEMAPHORE.ACQUIRE", "one", "a", "LIMIT", "5"]);
+    let before = lazyfreed(&mut c);
+    assert_eq!(int(&mut c, &["UNLINK", "one"]), 1);
+    assert_eq!(int(&mut c, &["UNLINK", "readers"]), 1);
+    wait_until(Duration::from_secs(10), || lazyfreed(&mut c) > before);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(lazyfreed(&mut c), before + 1, "only the many-holder lock");
+    assert_eq!(stat(&mut c, "locks"), 0);
+}
