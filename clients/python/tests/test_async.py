@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import unittest
 from typing import List, Optional
@@ -13,7 +14,9 @@ import redis.asyncio
 
 from rlock import DeadlockError, LockLost, NotAcquired
 from rlock._common import parse_info
-from rlock.aio import AsyncFairLock, AsyncLock, AsyncMultiLock, AsyncReadWriteLock, _close
+from rlock.aio import (
+    AsyncFairLock, AsyncLock, AsyncMultiLock, AsyncReadWriteLock, AsyncSemaphore, _close,
+)
 
 SERVER: Optional[harness.Server] = None
 
@@ -116,6 +119,78 @@ class AsyncLockTest(unittest.IsolatedAsyncioTestCase):
                 await wait_for(lost, 2)
                 self.assertEqual(reported, [lock])
         self.assertEqual(reported, [lock])
+
+    async def test_on_lost_callback_may_release_its_own_lock(self) -> None:
+        # The callback runs outside the lock's mutex: awaiting the lock's own
+        # release() there returns (LockLost: the server holds nothing for it).
+        done = asyncio.Event()
+        outcome: List[BaseException] = []
+
+        async def on_lost(lock: AsyncLock) -> None:
+            try:
+                await lock.release()
+            except LockLost as e:
+                outcome.append(e)
+            done.set()
+
+        lock = AsyncLock(self.r, "cb", lease_ms=300, on_lost=on_lost)  # type: ignore[arg-type]
+        await lock.acquire()
+        await self.r.execute_command("RLOCK.FORCERELEASE", "cb")  # the next RENEW: NOTOWNER
+        await asyncio.wait_for(done.wait(), 5)
+        self.assertEqual(len(outcome), 1)
+        self.assertEqual(lock.holds, 0)
+        self.assertFalse(lock.renewing)
+
+    async def test_a_dropped_held_lock_stops_renewing(self) -> None:
+        async def renew_calls() -> int:
+            stats = (await self.r.info("commandstats")).get("cmdstat_rlock.renew")
+            return int(stats["calls"]) if stats else 0
+
+        lock = AsyncLock(self.r, "drop", lease_ms=300)
+        await lock.acquire()
+        task = lock._renewer
+        assert task is not None
+        before = await renew_calls()
+        await asyncio.sleep(0.25)
+        self.assertGreater(await renew_calls(), before, "never renewed")
+        del lock
+        gc.collect()
+        # The renewal task ends at its next tick and the lease runs out: the
+        # key is gone within a few leases (it was renewed for good before).
+        await asyncio.wait_for(asyncio.shield(task), 2)
+
+        async def expired() -> bool:
+            return await self.r.exists("drop") == 0
+
+        await wait_for(expired, 2)
+
+    async def test_a_release_does_not_wait_behind_a_parked_keepalive_acquisition(self) -> None:
+        # As in the sync test: one keepalive semaphore object, a task holding
+        # a permit and a task parked (on the pinned connection) for a second.
+        await self.r.execute_command(
+            "SEMAPHORE.ACQUIRE", "kr", "other", "LIMIT", 2, "PERMITS", 1, "PX", 30_000)
+        sem = AsyncSemaphore(self.r, "kr", limit=2, keepalive=True)
+        first = await sem.acquire(blocking=False)
+        self.assertIsNotNone(first)
+        parked = asyncio.ensure_future(sem.acquire(timeout=10))
+
+        async def one_waiter() -> bool:
+            return await self.waiters() == 1
+
+        await wait_for(one_waiter)
+        self.assertEqual(await asyncio.wait_for(sem.release(), 5), 0)
+        token = await asyncio.wait_for(parked, 5)
+        self.assertIsInstance(token, int)
+        self.assertGreater(token, first)
+        self.assertEqual(sem.holds, 1)
+        info = parse_info(await self.r.execute_command("SEMAPHORE.INFO", "kr"))
+        assert info is not None
+        mine = [h for h in info["holders"] if h[b"owner"] == sem.owner.encode()]
+        self.assertEqual(len(mine), 1)
+        self.assertIsNotNone(mine[0][b"keepalive"])
+        self.assertIsNotNone(sem._pin.conn)  # type: ignore[union-attr]
+        self.assertEqual(await sem.release(), 0)
+        self.assertIsNone(sem._pin.conn)  # type: ignore[union-attr]
 
     async def test_pubsub_path(self) -> None:
         holder = AsyncLock(self.r, "ps")

@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import harness
 import redis
 
-from rlock import DeadlockError, Lock, LockLost, MultiLock, NotAcquired, ReadWriteLock
+from rlock import DeadlockError, Lock, LockLost, MultiLock, NotAcquired, ReadWriteLock, Semaphore
 
 from rlock._common import parse_info
 from test_lock import renew_calls, wait_for, waiters
@@ -298,6 +298,50 @@ class KeepaliveTest(unittest.TestCase):
                 pass
         waiter.release()
         self.assertEqual(self.r.exists("kb"), 0)
+
+    def test_a_release_does_not_wait_behind_a_parked_acquisition(self) -> None:
+        # One keepalive semaphore object, two threads: one holds a permit,
+        # the other waits (on the pinned connection) for a second one while
+        # another owner holds the last. The holder's release goes through at
+        # once (not when the wait times out), and it serves the parked wait,
+        # which the server binds to the pinned connection.
+        other = Semaphore(self.r, "kr", limit=2, owner="other")
+        other.acquire()
+        sem = Semaphore(self.r, "kr", limit=2, keepalive=True)
+        first = sem.acquire(blocking=False)
+        self.assertIsNotNone(first)
+        got: List[Optional[int]] = []
+        t = threading.Thread(target=lambda: got.append(sem.acquire(timeout=10)))
+        t.start()
+        try:
+            wait_for(lambda: waiters(self.r) == 1)
+            released = threading.Event()
+            left: List[int] = []
+
+            def release() -> None:
+                left.append(sem.release())
+                released.set()
+
+            threading.Thread(target=release, daemon=True).start()
+            self.assertTrue(released.wait(5), "the release waited behind the parked acquisition")
+            self.assertEqual(left, [0])
+            t.join(5)
+            self.assertIsInstance(got[0], int)
+            self.assertGreater(got[0], first)  # a new tenure
+            self.assertEqual(sem.holds, 1)
+            info = parse_info(self.r.execute_command("SEMAPHORE.INFO", "kr"))
+            assert info is not None
+            mine = [h for h in info["holders"] if h[b"owner"] == sem.owner.encode()]
+            self.assertEqual(len(mine), 1)
+            pinned = sem._pin.conn  # type: ignore[union-attr]
+            self.assertIsNotNone(pinned, "the pinned connection was given back while bound")
+            pinned.send_command("CLIENT", "ID")  # idle now: the test may use it
+            self.assertEqual(mine[0][b"keepalive"], pinned.read_response())
+            self.assertEqual(sem.release(), 0)
+            self.assertIsNone(sem._pin.conn)  # type: ignore[union-attr]
+        finally:
+            t.join(15)
+            other.release()
 
     def test_keepalive_read_write_views_share_one_connection(self) -> None:
         rw = ReadWriteLock(self.r, "krw", lease_ms=300, keepalive=True)

@@ -35,6 +35,11 @@
 //! - [`Lock::semaphore`] (`SEMAPHORE.*`): at most `limit` permits held at
 //!   once, a lease and a token per holding.
 //! - [`Error::Deadlock`]: a parked wait that closed a wait-for cycle.
+//! - A wait the server does not answer within its timeout plus the
+//!   [`Lock::wait_margin`] (default 2 s, also the bound on opening its
+//!   connection) returns `Err(Error::Redis(e))` with [`Error::is_timeout`]
+//!   true, and that connection is closed; `acquire(None)` (`BLOCK 0`) waits
+//!   without a limit once connected.
 //! - [`RedLock`]: quorum over independent servers; its per-server tokens are
 //!   not one fencing token.
 
@@ -57,6 +62,11 @@ use redis::{Client, Connection, ConnectionLike, FromRedisValue, Value};
 
 /// The module's default lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// How much longer than its own timeout an acquisition gives the server to
+/// answer, and how long opening its connection may take (see
+/// [`Lock::wait_margin`]).
+pub const DEFAULT_WAIT_MARGIN: Duration = Duration::from_secs(2);
 
 /// What can go wrong.
 #[derive(Debug)]
@@ -85,6 +95,18 @@ impl fmt::Display for Error {
                 write!(f, "deadlock: wait-for cycle: {}", cycle.join(" -> "))
             }
         }
+    }
+}
+
+impl Error {
+    /// Whether the server did not answer in time: an acquisition's reply did
+    /// not come within its timeout plus the wait margin, or its connection's
+    /// set-up took longer than the margin (an `Error::Redis` whose
+    /// [`redis::RedisError::is_timeout`] is true). The connection was closed;
+    /// whether the server granted the lock is unknown (see
+    /// [`Lock::acquire`]).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Redis(e) if e.is_timeout())
     }
 }
 
@@ -198,6 +220,7 @@ pub struct Lock {
     lease: Duration,
     family: Family,
     on_lost: Option<LostCallback>,
+    wait_margin: Duration,
     /// Some: KEEPALIVE, through this connection (shared by the clones).
     pin: Option<Arc<Pin>>,
 }
@@ -249,6 +272,7 @@ impl Lock {
             lease: DEFAULT_LEASE,
             family,
             on_lost: None,
+            wait_margin: DEFAULT_WAIT_MARGIN,
             pin: None,
         }
     }
@@ -267,10 +291,13 @@ impl Lock {
     /// the guards run no renewal thread.
     ///
     /// The lock (and its clones: the same owner) then sends its acquisitions
-    /// and releases through one connection of its own, opened for the first
+    /// through one connection of its own, one at a time, opened for the first
     /// acquisition and closed when its last guard is released (a second guard
     /// of the same owner shares it: the binding belongs to the owner's tenure,
-    /// and closing the connection ends all of it). Do not mix keepalive and
+    /// and closing the connection ends all of it). Releases and renewals go
+    /// through a second connection of the lock (the server keeps the binding
+    /// whatever connection the owner's RELEASE or RENEW comes on), so they
+    /// never wait behind a clone's parked acquisition. Do not mix keepalive and
     /// plain locks of one owner on one key. Loss shows at `release`/`renew`
     /// (`Error::Lost`); no thread watches for it. Use it where a connection may
     /// be dedicated to the holder; keep the renewal thread otherwise.
@@ -292,6 +319,15 @@ impl Lock {
     /// Called (from the renewal thread) when a guard finds the lock lost.
     pub fn on_lost(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> Lock {
         self.on_lost = Some(Arc::new(f));
+        self
+    }
+
+    /// How much longer than its timeout an acquisition waits for the
+    /// server's answer before it gives up (default [`DEFAULT_WAIT_MARGIN`],
+    /// at least 1 ms); also the bound on opening its connection. See
+    /// [`Lock::acquire`].
+    pub fn wait_margin(mut self, margin: Duration) -> Lock {
+        self.wait_margin = margin.max(Duration::from_millis(1));
         self
     }
 
@@ -332,16 +368,30 @@ impl Lock {
     }
 
     /// Waits on the server (`BLOCK`) until granted, or until `timeout` (None:
-    /// no limit); `Ok(None)` when the time ran out. The wait occupies one
-    /// connection without a read timeout: the server answers when BLOCK ends.
-    /// `Err(Error::Deadlock)` when the server found this wait on a wait-for
-    /// cycle.
+    /// no limit); `Ok(None)` when the time ran out. `Err(Error::Deadlock)`
+    /// when the server found this wait on a wait-for cycle.
+    ///
+    /// The wait occupies one connection, opened within the wait margin, and
+    /// gives the server `timeout` + the margin to answer (`None`: no limit
+    /// once connected). Past that — a frozen, overloaded or cut-off server —
+    /// it returns `Err(Error::Redis(e))` with [`Error::is_timeout`] true and
+    /// closes the connection (a late answer must not reach a later command).
+    /// A grant the server made before it saw the close stays until its lease
+    /// ends (with keepalive: until the server sees the close); no release is
+    /// sent for it, since the owner may already hold the lock. The same holds
+    /// for [`Lock::try_acquire`], bounded by the margin alone.
     pub fn acquire(&self, timeout: Option<Duration>) -> Result<Option<LockGuard>> {
         self.acquire_with(Some(block_arg(timeout)))
     }
 
     fn acquire_with(&self, block: Option<Duration>) -> Result<Option<LockGuard>> {
-        let granted = grant::<i64>(&self.client, self.pin.as_ref(), &self.acquire_cmd(block))?;
+        let granted = grant::<i64>(
+            &self.client,
+            self.pin.as_ref(),
+            &self.acquire_cmd(block),
+            block,
+            self.wait_margin,
+        )?;
         Ok(granted.map(|(token, channel)| self.guard(channel, token)))
     }
 
@@ -365,7 +415,11 @@ impl Lock {
         loop {
             let cmd = self.acquire_cmd(None);
             let token: Option<i64> = match &self.pin {
-                Some(pin) => pin.acquire(&cmd)?,
+                Some(pin) => pin.acquire(
+                    &cmd,
+                    wait_deadline(None, self.wait_margin),
+                    self.wait_margin,
+                )?,
                 None => cmd.query(&mut conn)?,
             };
             if let Some(token) = token {
@@ -527,6 +581,14 @@ impl ReadWriteLock {
         }
     }
 
+    /// Both views with this wait margin (see [`Lock::wait_margin`]).
+    pub fn wait_margin(self, margin: Duration) -> ReadWriteLock {
+        ReadWriteLock {
+            read: self.read.wait_margin(margin),
+            write: self.write.wait_margin(margin),
+        }
+    }
+
     /// The READ view: shared with other readers.
     pub fn read(&self) -> &Lock {
         &self.read
@@ -678,70 +740,173 @@ pub(crate) fn block_arg(timeout: Option<Duration>) -> Duration {
     timeout.map_or(Duration::ZERO, |t| t.max(Duration::from_millis(1)))
 }
 
+/// When an acquisition sent now with this `BLOCK` gives up waiting for its
+/// answer: BLOCK + `margin` (no BLOCK: `margin`); never for `BLOCK 0`.
+pub(crate) fn wait_deadline(block: Option<Duration>, margin: Duration) -> Option<Instant> {
+    match block {
+        Some(b) if b.is_zero() => None,
+        b => Some(Instant::now() + b.unwrap_or_default() + margin),
+    }
+}
+
+/// Opens a connection for an acquisition, its set-up bounded by `margin`.
+fn connect_for_wait(client: &Client, margin: Duration) -> redis::RedisResult<Connection> {
+    Connector::new(client.clone(), margin).connect()
+}
+
+/// Sends `cmd` on `conn` and reads its answer by `deadline` (None: no
+/// limit). On a timeout the error says so (`is_timeout()`); the caller must
+/// drop the connection on any error but a server's answer (`is_broken`).
+fn exchange<T: FromRedisValue>(
+    conn: &mut Connection,
+    cmd: &redis::Cmd,
+    deadline: Option<Instant>,
+) -> redis::RedisResult<T> {
+    let read_timeout = deadline.map(|d| {
+        d.saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    });
+    conn.set_read_timeout(read_timeout)?;
+    cmd.query(conn).map_err(|e| {
+        if e.is_timeout() {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the server did not answer within the wait's timeout + margin ({e}); \
+                     the connection was closed"
+                ),
+            )
+            .into()
+        } else {
+            e
+        }
+    })
+}
+
 /// The connection `KEEPALIVE` holdings are bound to, shared by the clones of
 /// a lock (one owner) and by the two views of a keepalive [`ReadWriteLock`].
 ///
 /// The server renews a keepalive holding while the connection that was
-/// granted it is open and releases it when that connection closes. So every
-/// acquisition and release of the lock goes through this one connection: it
-/// is opened for the first acquisition, kept while any guard on it lives, and
-/// closed (dropped) after the release of the last one. A failed connection is
-/// dropped too: the server then ends every holding bound to it, and the
-/// guards find out at their release (`NOTOWNER`).
+/// granted it is open and releases it when that connection closes. A
+/// `KEEPALIVE` acquisition binds the connection it comes on, so every
+/// acquisition of the lock goes through this one connection, one at a time:
+/// it is opened (within the wait margin) for the first acquisition, kept
+/// while any guard on it lives, and closed (dropped) once no acquisition is
+/// under way and the last guard was released. A failed or abandoned
+/// connection is dropped too: the server then ends every holding bound to
+/// it, and the guards find out at their release (`NOTOWNER`).
+///
+/// Releases and renewals do not need it (the server keeps the binding
+/// whatever connection the owner's RELEASE or RENEW comes on): they go
+/// through a second connection, `side`, so that they never wait behind an
+/// acquisition parked on the pinned one.
 pub(crate) struct Pin {
     client: Client,
+    /// One acquisition at a time on the pinned connection.
+    acquiring: Mutex<()>,
     state: Mutex<PinState>,
+    side: Mutex<Option<Connection>>,
 }
 
 #[derive(Default)]
 struct PinState {
+    /// The pinned connection while no acquisition has it out.
     conn: Option<Connection>,
     guards: usize,
+    /// An acquisition has the connection out.
+    busy: bool,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Pin {
     pub(crate) fn new(client: &Client) -> Arc<Pin> {
         Arc::new(Pin {
             client: client.clone(),
+            acquiring: Mutex::new(()),
             state: Mutex::new(PinState::default()),
+            side: Mutex::new(None),
         })
     }
 
-    /// Runs `f` on the connection (opened if needed) with the guard count;
-    /// closes the connection when it failed or when no guard is left.
-    fn with<R>(
+    /// An acquisition through the pinned connection (opened within `margin`
+    /// if needed), its answer awaited until `deadline`: a grant adds a guard.
+    /// The connection is closed when it failed or timed out, or when no
+    /// guard is left.
+    pub(crate) fn acquire<T: FromRedisValue>(
         &self,
-        f: impl FnOnce(&mut Connection, &mut usize) -> redis::RedisResult<R>,
-    ) -> redis::RedisResult<R> {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let st = &mut *st;
-        if st.conn.is_none() {
-            st.conn = Some(self.client.get_connection()?);
-        }
-        let conn = st.conn.as_mut().expect("just opened");
-        let r = f(conn, &mut st.guards);
-        let broken = match &r {
-            Err(e) => is_broken(e) || !conn.is_open(),
+        cmd: &redis::Cmd,
+        deadline: Option<Instant>,
+        margin: Duration,
+    ) -> redis::RedisResult<Option<T>> {
+        let _one = locked(&self.acquiring);
+        let existing = {
+            let mut st = locked(&self.state);
+            st.busy = true;
+            st.conn.take()
+        };
+        let opened = match existing {
+            Some(c) => Ok(c),
+            None => connect_for_wait(&self.client, margin),
+        };
+        let (conn, reply) = match opened {
+            Ok(mut c) => {
+                let r = exchange::<Option<T>>(&mut c, cmd, deadline);
+                (Some(c), r)
+            }
+            Err(e) => (None, Err(e)),
+        };
+        let mut st = locked(&self.state);
+        st.busy = false;
+        let broken = match &reply {
+            Err(e) => is_broken(e) || conn.as_ref().is_some_and(|c| !c.is_open()),
             Ok(_) => false,
         };
-        if broken || st.guards == 0 {
-            st.conn = None;
+        if let Ok(Some(_)) = &reply {
+            st.guards += 1;
+        }
+        if !broken && st.guards > 0 {
+            st.conn = conn; // else dropped: closed
+        }
+        if st.guards == 0 {
+            *locked(&self.side) = None;
+        }
+        reply
+    }
+
+    /// `f` on the side connection (opened if needed; dropped when broken).
+    fn side<R>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> redis::RedisResult<R>,
+    ) -> redis::RedisResult<R> {
+        let mut side = locked(&self.side);
+        if side.is_none() {
+            *side = Some(self.client.get_connection()?);
+        }
+        let c = side.as_mut().expect("just opened");
+        let r = f(c);
+        if let Err(e) = &r {
+            if is_broken(e) || !c.is_open() {
+                *side = None;
+            }
         }
         r
     }
 
-    /// An acquisition: a grant adds a guard.
-    pub(crate) fn acquire<T: FromRedisValue>(
-        &self,
-        cmd: &redis::Cmd,
-    ) -> redis::RedisResult<Option<T>> {
-        self.with(|c, guards| {
-            let reply: Option<T> = cmd.query(c)?;
-            if reply.is_some() {
-                *guards += 1;
-            }
-            Ok(reply)
-        })
+    /// A guard's release, on the side connection; then, when no guard is
+    /// left and no acquisition is under way, both connections are closed
+    /// (after the RELEASE: closing first would end the holding under it).
+    fn release<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let r = self.side(|c| cmd.query(c));
+        let mut st = locked(&self.state);
+        st.guards = st.guards.saturating_sub(1);
+        if st.guards == 0 && !st.busy {
+            st.conn = None;
+            *locked(&self.side) = None;
+        }
+        r
     }
 }
 
@@ -751,18 +916,35 @@ fn is_broken(e: &redis::RedisError) -> bool {
 }
 
 /// Sends an acquisition: through the pinned connection for a keepalive lock,
-/// else through a new connection, which the guard then keeps.
+/// else through a new connection, which the guard then keeps. Its set-up is
+/// bounded by `margin`, its answer awaited for `block` + `margin` (no limit
+/// for `BLOCK 0`).
 pub(crate) fn grant<T: FromRedisValue>(
     client: &Client,
     pin: Option<&Arc<Pin>>,
     cmd: &redis::Cmd,
+    block: Option<Duration>,
+    margin: Duration,
 ) -> Result<Option<(T, Channel)>> {
+    let deadline = wait_deadline(block, margin);
     Ok(match pin {
-        Some(pin) => pin.acquire(cmd)?.map(|t| (t, Channel::Pinned(pin.clone()))),
+        Some(pin) => pin
+            .acquire(cmd, deadline, margin)?
+            .map(|t| (t, Channel::Pinned(pin.clone()))),
         None => {
-            let mut conn = client.get_connection()?;
-            let reply: Option<T> = cmd.query(&mut conn)?;
-            reply.map(|t| (t, Channel::Own(conn)))
+            // Dropped (closed) on any error: a late answer must reach nobody.
+            let mut conn = connect_for_wait(client, margin)?;
+            let reply: Option<T> = exchange(&mut conn, cmd, deadline)?;
+            match reply {
+                Some(t) => {
+                    // The guard's connection (its release): no timeouts, as
+                    // a connection of the client's own.
+                    conn.set_read_timeout(None)?;
+                    conn.set_write_timeout(None)?;
+                    Some((t, Channel::Own(conn)))
+                }
+                None => None,
+            }
         }
     })
 }
@@ -779,7 +961,7 @@ impl Channel {
     fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self {
             Channel::Own(c) => cmd.query(c),
-            Channel::Pinned(p) => p.with(|c, _| cmd.query(c)),
+            Channel::Pinned(p) => p.side(|c| cmd.query(c)),
         }
     }
 
@@ -787,10 +969,7 @@ impl Channel {
     fn release<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self {
             Channel::Own(c) => cmd.query(c),
-            Channel::Pinned(p) => p.with(|c, guards| {
-                *guards = guards.saturating_sub(1);
-                cmd.query(c)
-            }),
+            Channel::Pinned(p) => p.release(cmd),
         }
     }
 }
@@ -836,16 +1015,9 @@ impl Held {
 
     fn lost_on<T>(&self, r: redis::RedisResult<T>) -> Result<T> {
         r.map_err(|e| {
-            let pinned = matches!(self.channel, Channel::Pinned(_));
-            let e = if pinned && is_broken(&e) {
-                // The pin dropped the connection: what was bound to it ends.
-                Error::Lost(format!(
-                    "the keepalive connection failed ({e}); the server releases \
-                     what was bound to it when it sees the connection close"
-                ))
-            } else {
-                Error::from(e)
-            };
+            // A keepalive holding whose pinned connection failed shows here
+            // as NOTOWNER: releases and renewals come on another connection.
+            let e = Error::from(e);
             if matches!(e, Error::Lost(_)) {
                 self.lost.store(true, Ordering::SeqCst);
             }

@@ -9,7 +9,7 @@ use redis::Client;
 
 use crate::{
     block_arg, grant, millis, parse_info, random_owner, Error, Held, Info, LostCallback, Pin,
-    RenewSpec, Result, DEFAULT_LEASE,
+    RenewSpec, Result, DEFAULT_LEASE, DEFAULT_WAIT_MARGIN,
 };
 
 /// A lock on several RLOCK keys for one owner string, taken all or nothing
@@ -39,6 +39,7 @@ pub struct MultiLock {
     owner: String,
     lease: Duration,
     on_lost: Option<LostCallback>,
+    wait_margin: Duration,
     pin: Option<Arc<Pin>>,
 }
 
@@ -62,6 +63,7 @@ impl MultiLock {
             owner: random_owner(),
             lease: DEFAULT_LEASE,
             on_lost: None,
+            wait_margin: DEFAULT_WAIT_MARGIN,
             pin: None,
         }
     }
@@ -94,6 +96,14 @@ impl MultiLock {
     /// renewal got through for a whole lease.
     pub fn on_lost(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> MultiLock {
         self.on_lost = Some(Arc::new(f));
+        self
+    }
+
+    /// How much longer than its timeout an acquisition waits for the
+    /// server's answer (see [`crate::Lock::wait_margin`] and
+    /// [`crate::Lock::acquire`]).
+    pub fn wait_margin(mut self, margin: Duration) -> MultiLock {
+        self.wait_margin = margin.max(Duration::from_millis(1));
         self
     }
 
@@ -142,13 +152,21 @@ impl MultiLock {
     /// Waits on the server (`BLOCK`, holding nothing) until every key can be
     /// granted at once, or until `timeout` (None: no limit): `Ok(None)`.
     /// `Err(Error::Deadlock)` when the server found the wait on a wait-for
-    /// cycle (possible when this owner holds other locks).
+    /// cycle (possible when this owner holds other locks). A server that does
+    /// not answer within `timeout` + the wait margin: an error with
+    /// [`Error::is_timeout`] (see [`crate::Lock::acquire`]).
     pub fn acquire(&self, timeout: Option<Duration>) -> Result<Option<MultiLockGuard>> {
         self.acquire_with(Some(block_arg(timeout)))
     }
 
     fn acquire_with(&self, block: Option<Duration>) -> Result<Option<MultiLockGuard>> {
-        let granted = grant::<Vec<i64>>(&self.client, self.pin.as_ref(), &self.acquire_cmd(block))?;
+        let granted = grant::<Vec<i64>>(
+            &self.client,
+            self.pin.as_ref(),
+            &self.acquire_cmd(block),
+            block,
+            self.wait_margin,
+        )?;
         Ok(granted.map(|(tokens, channel)| {
             let renew = RenewSpec {
                 client: self.client.clone(),

@@ -307,3 +307,74 @@ fn deadlock_is_an_error_for_the_latest_waiter() {
     assert!(t.join().unwrap().unwrap().is_some());
     drop(a1);
 }
+
+#[test]
+fn release_and_renew_do_not_wait_behind_a_clones_parked_acquisition() {
+    // A keepalive semaphore holds a permit; a clone (the same owner) waits on
+    // the pinned connection for a second one while another owner holds the
+    // last. The holder's renew and release go through at once (not when the
+    // wait times out), and the release serves the parked wait, which the
+    // server binds to the pinned connection.
+    let s = Server::start();
+    let cl = s.client();
+    let mut c = s.conn();
+    let _: i64 = redis::cmd("SEMAPHORE.ACQUIRE")
+        .arg(&["kr", "other", "LIMIT", "2", "PERMITS", "1", "PX", "30000"][..])
+        .query(&mut c)
+        .unwrap();
+    let sem = Lock::semaphore(&cl, "kr", 2, 1).keepalive(true);
+    let mut first = sem.try_acquire().unwrap().expect("2 of 2");
+    let bound = semaphore_binding(&mut c, "kr", sem.owner_name()).expect("bound");
+    let clone = sem.clone();
+    let t = std::thread::spawn(move || {
+        clone
+            .acquire(Some(Duration::from_secs(10)))
+            .map(|g| g.map(|g| (g.token(), g)))
+    });
+    wait_until(Duration::from_secs(5), || {
+        stat(&mut s.conn(), "waiters") == 1
+    });
+    let start = Instant::now();
+    first.renew().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the renew waited behind the parked acquisition"
+    );
+    let token = first.token();
+    let start = Instant::now();
+    assert_eq!(first.release().unwrap(), 0);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the release waited behind the parked acquisition"
+    );
+    let (second, guard) = t.join().unwrap().unwrap().expect("served by the release");
+    assert!(second > token, "a new tenure");
+    assert_eq!(
+        semaphore_binding(&mut c, "kr", sem.owner_name()),
+        Some(bound),
+        "bound to the pinned connection"
+    );
+    assert_eq!(guard.release().unwrap(), 0);
+    // The pinned connection is closed with the last guard.
+    wait_until(Duration::from_secs(2), || {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
+        !list.lines().any(|l| l.starts_with(&format!("id={bound} ")))
+    });
+}
+
+/// The client id `owner`'s semaphore holding of `key` is bound to.
+fn semaphore_binding(c: &mut redis::Connection, key: &str, owner: &str) -> Option<i64> {
+    let reply: Value = redis::cmd("SEMAPHORE.INFO").arg(key).query(c).unwrap();
+    let info = rlock_client::parse_info(reply)?;
+    let Some(Value::Array(list)) = info_field(&info, "holders").cloned() else {
+        return None;
+    };
+    list.into_iter().find_map(|h| {
+        let h = rlock_client::parse_info(h)?;
+        let o: String = redis::from_redis_value(info_field(&h, "owner")?).ok()?;
+        match (o == owner, info_field(&h, "keepalive")) {
+            (true, Some(Value::Int(id))) => Some(*id),
+            _ => None,
+        }
+    })
+}

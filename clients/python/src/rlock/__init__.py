@@ -27,6 +27,10 @@
 * ``Semaphore(r, key, limit=n, permits=k)``: ``SEMAPHORE.*``, at most ``n``
   permits held at once, a lease and a token per holding.
 * A parked wait that closes a wait-for cycle raises ``DeadlockError``.
+* A ``BLOCK`` wait the server does not answer within its timeout plus
+  ``wait_margin`` (default 2 s; also the bound on opening its connection)
+  raises ``ServerTimeout`` (a ``redis.TimeoutError``) and closes that
+  connection; ``timeout=None`` waits without a limit once connected.
 * ``FairLock``, ``ReadWriteLock`` (``rw.read`` / ``rw.write``), and in
   ``rlock.aio`` the same for ``redis.asyncio``.
 * ``RedLock``: quorum over independent servers; its per-server tokens are not
@@ -35,11 +39,13 @@
 
 from ._common import (
     DEFAULT_LEASE_MS,
+    DEFAULT_WAIT_MARGIN,
     END_MESSAGES,
     DeadlockError,
     LockError,
     LockLost,
     NotAcquired,
+    ServerTimeout,
     default_owner,
     unlock_channel,
 )
@@ -57,6 +63,7 @@ from ._sync import (
 
 __all__ = [
     "DEFAULT_LEASE_MS",
+    "DEFAULT_WAIT_MARGIN",
     "DeadlockError",
     "END_MESSAGES",
     "FairLock",
@@ -70,6 +77,7 @@ __all__ = [
     "RedLock",
     "RedLockGrant",
     "Semaphore",
+    "ServerTimeout",
     "WriteLock",
     "default_owner",
     "unlock_channel",

@@ -18,6 +18,10 @@ END_MESSAGES = frozenset(
 #: Default lease of every lock object, in milliseconds (the module's own default).
 DEFAULT_LEASE_MS = 30000
 
+#: Default ``wait_margin`` of every lock object, in seconds: how much longer
+#: than its own timeout a waiting call gives the server to answer.
+DEFAULT_WAIT_MARGIN = 2.0
+
 
 class LockError(Exception):
     """Base class of this library's errors."""
@@ -32,6 +36,16 @@ class LockLost(LockError):
     """The server no longer knows this owner as a holder: the lease ran out
     (renewals failed) or somebody forced the lock free. Stop touching the
     protected resource; a fencing-token check there rejects late writes."""
+
+
+class ServerTimeout(LockError, redis.TimeoutError):
+    """The server did not answer an acquisition in time: a ``BLOCK`` wait got no
+    reply within its timeout plus ``wait_margin`` (a frozen, overloaded or
+    cut-off server), or opening the connection for it took longer than
+    ``wait_margin``. The connection was closed, never reused. Whether the
+    server granted the lock is unknown: a grant it made before it saw the
+    connection close stays until its lease ends (with ``keepalive``, until the
+    server sees the connection closed). Also a ``redis.TimeoutError``."""
 
 
 class DeadlockError(LockError, redis.ResponseError):
@@ -93,6 +107,22 @@ def block_ms(blocking: bool, timeout: Optional[float]) -> Optional[int]:
     if timeout <= 0:
         return None  # a zero or negative timeout is one immediate try
     return max(1, int(round(timeout * 1000)))
+
+
+def wait_deadline(now: float, block: Optional[int], margin: float) -> Optional[float]:
+    """When a call sent at ``now`` with this BLOCK argument gives up waiting
+    for the reply: BLOCK + ``margin`` (no BLOCK: ``margin``), never for
+    ``BLOCK 0`` (None: the server answers only when it grants)."""
+    if block == 0:
+        return None
+    return now + (block or 0) / 1000.0 + margin
+
+
+def check_margin(margin: float) -> float:
+    margin = float(margin)
+    if not margin > 0:
+        raise ValueError("wait_margin must be a positive number of seconds")
+    return margin
 
 
 def check_lease(lease_ms: int) -> int:

@@ -18,14 +18,17 @@ from redis.retry import Retry
 
 from ._common import (
     DEFAULT_LEASE_MS,
+    DEFAULT_WAIT_MARGIN,
     DeadlockError,
     Family,
     KeyT,
     LockLost,
     NotAcquired,
+    ServerTimeout,
     acquire_all,
     block_ms,
     check_lease,
+    check_margin,
     check_permits,
     db_of,
     default_owner,
@@ -41,6 +44,7 @@ from ._common import (
     semaphore_acquire,
     semaphore_release,
     unlock_channel,
+    wait_deadline,
 )
 
 log = logging.getLogger("rlock")
@@ -80,14 +84,18 @@ def _derived(client: "redis.Redis", tag: Any, **overrides: Any) -> "redis.Redis"
         return found
 
 
-def _blocking_client(client: "redis.Redis") -> "redis.Redis":
-    """The client ``BLOCK`` waits go through: ``client``'s settings without a
-    read timeout (the server always answers when BLOCK runs out, and redis-py's
-    default 5 s socket timeout would cut longer waits short) and without
-    retries (a retried ACQUIRE would queue again at the back)."""
+def _blocking_client(client: "redis.Redis", margin: float) -> "redis.Redis":
+    """The client ``BLOCK`` waits go through: ``client``'s settings without
+    retries (a retried ACQUIRE would queue again at the back) and with
+    ``margin`` as its socket timeout, which bounds the connection's set-up
+    (connect, ``HELLO``/``CLIENT SETINFO``); each wait then reads its reply
+    with a timeout of its own (see _exchange), since redis-py's default 5 s
+    socket timeout would cut longer waits short."""
     kw = client.connection_pool.connection_kwargs
     connect = kw.get("socket_connect_timeout") or kw.get("socket_timeout")
-    return _derived(client, "block", socket_timeout=None, socket_connect_timeout=connect)
+    connect = margin if connect is None else min(connect, margin)
+    return _derived(
+        client, ("block", margin), socket_timeout=margin, socket_connect_timeout=connect)
 
 
 def _renewal_client(client: "redis.Redis", lease_ms: int) -> "redis.Redis":
@@ -108,6 +116,64 @@ def _pool_connection(pool: Any) -> Any:
         return pool.get_connection("_")
 
 
+def _connection_for_wait(pool: Any) -> Any:
+    """A connected connection out of ``pool`` (a _blocking_client pool: its
+    set-up is bounded by the margin); ServerTimeout when set-up timed out."""
+    try:
+        return _pool_connection(pool)
+    except redis.TimeoutError as e:
+        raise ServerTimeout(
+            "the server did not answer the connection set-up in time (%s)" % e) from e
+
+
+def _set_read_timeout(conn: Any, timeout: Optional[float]) -> None:
+    sock = getattr(conn, "_sock", None)
+    if sock is not None:
+        sock.settimeout(timeout)
+
+
+def _exchange(conn: Any, args: List[Any], deadline: Optional[float]) -> Any:
+    """Sends one command on ``conn`` and reads its reply by ``deadline``
+    (``time.monotonic()``; None: no limit). Anything but a reply (a timeout,
+    a broken connection, an interruption) disconnects ``conn``: a late reply
+    would be read as the answer to the next command. A timeout raises
+    ServerTimeout."""
+    try:
+        conn.send_command(*args)
+        if deadline is None:
+            _set_read_timeout(conn, None)
+        else:
+            _set_read_timeout(conn, max(0.001, deadline - time.monotonic()))
+        try:
+            return conn.read_response()
+        finally:
+            _set_read_timeout(conn, conn.socket_timeout)
+    except redis.ResponseError:
+        raise
+    except redis.TimeoutError as e:
+        conn.disconnect()
+        raise ServerTimeout(
+            "the server did not answer %s in time (%s); the connection was closed"
+            % (args[0], e)) from e
+    except BaseException:
+        conn.disconnect()
+        raise
+
+
+def _wait_call(client: "redis.Redis", args: List[Any], block: int, margin: float) -> Any:
+    """One BLOCK acquisition on a connection of ``_blocking_client(client)``:
+    its reply is awaited until BLOCK + ``margin`` (forever for BLOCK 0)."""
+    deadline = wait_deadline(time.monotonic(), block, margin)
+    pool = _blocking_client(client, margin).connection_pool
+    conn = _connection_for_wait(pool)
+    try:
+        return _exchange(conn, args, deadline)
+    finally:
+        # Disconnected by _exchange unless a reply came: the pool gets back
+        # an unconnected slot, never a connection a late reply could reach.
+        pool.release(conn)
+
+
 def _drop_pinned(pool: Any, conn: Any, close: bool) -> None:
     """Gives a pinned connection back to its pool, closed first when ``close``
     (which ends every holding bound to it)."""
@@ -125,21 +191,31 @@ class _Pin:
     it stays open and releases it when that connection closes, so the
     connection must not go back to a pool (where another command could close
     it, or it could idle out) while anything is held on it. A pin takes one
-    connection out of the pool of ``_blocking_client(client)`` (no read timeout,
-    so a BLOCK wait is not cut short; no retries, so an ACQUIRE is never sent
-    twice) when an acquisition starts, sends every command of its users (a lock
-    object, or both views of a ReadWriteLock) through it, and gives it back to
-    the pool only once none of them holds anything. If the connection fails,
-    every holding bound to it is reported lost: once the server sees the
-    connection close it releases them. If the lock object is garbage-collected
-    while holding, the connection is closed (the server releases at once), as
-    a renewal-thread lock's lease would run out.
+    connection out of the pool of ``_blocking_client(client)`` (set-up bounded
+    by the margin; no retries, so an ACQUIRE is never sent twice) when an
+    acquisition starts, sends the acquisitions of its users (a lock object, or
+    both views of a ReadWriteLock) through it one at a time (a ``KEEPALIVE``
+    acquisition binds the connection it comes on), and gives it back to the
+    pool only once no acquisition is under way and none of its users holds
+    anything. Releases, renewals and INFO do not need it (the server keeps a
+    binding whatever connection its owner's RELEASE or RENEW comes on), so
+    they go through the client and never wait behind a parked acquisition.
+    If the connection fails (or a wait on it is abandoned), every holding
+    bound to it is reported lost: once the server sees the connection close it
+    releases them. If the lock object is garbage-collected while holding, the
+    connection is closed (the server releases at once), as a renewal-thread
+    lock's lease would run out.
     """
 
-    def __init__(self, client: "redis.Redis") -> None:
-        self.client = _blocking_client(client)
+    def __init__(self, client: "redis.Redis", margin: float) -> None:
+        self.margin = margin
+        self.client = _blocking_client(client, margin)
         self.conn: Any = None
+        #: One acquisition at a time on the connection.
         self.mutex = threading.RLock()
+        #: Guards ``conn`` and ``busy`` between acquisitions and releases.
+        self.state = threading.Lock()
+        self.busy = 0
         self.users: List["_LockBase"] = []
         self._lost: List[Tuple["_LockBase", str]] = []
         self._finalizer: Optional[weakref.finalize] = None
@@ -151,38 +227,54 @@ class _Pin:
             self._finalizer = None
         _drop_pinned(self.client.connection_pool, conn, close)
 
+    def _idle(self) -> bool:
+        return self.conn is not None and not self.busy and not any(
+            u._holds > 0 for u in self.users)
+
+    def settle(self, close: bool = False) -> None:
+        """After a release: gives the connection back (closed first when
+        ``close``) if no acquisition is under way and no user holds anything.
+        An acquisition under way does it when it ends."""
+        with self.state:
+            if self._idle():
+                self._give_back(close)
+
     @contextlib.contextmanager
-    def use(self) -> Iterator[Callable[[List[Any]], Any]]:
-        """Holds the pin for one command and what the caller records about its
-        reply; gives the connection back when no user holds anything after."""
+    def use(self) -> Iterator[Callable[[List[Any], Optional[int]], Any]]:
+        """Holds the pin for one acquisition and what the caller records about
+        its reply; gives the connection back when no user holds anything after."""
         try:
             with self.mutex:
+                with self.state:
+                    self.busy += 1
                 try:
                     yield self._call
                 finally:
-                    if self.conn is not None and not any(u._holds > 0 for u in self.users):
-                        self._give_back()
+                    with self.state:
+                        self.busy -= 1
+                        if self._idle():
+                            self._give_back()
         finally:
             # on_lost callbacks run outside the pin (they may release).
             lost, self._lost = self._lost, []
             for user, why in lost:
                 user._mark_lost(why)
 
-    def _call(self, args: List[Any]) -> Any:
+    def _call(self, args: List[Any], block: Optional[int]) -> Any:
+        deadline = wait_deadline(time.monotonic(), block, self.margin)
         if self.conn is None:
             pool = self.client.connection_pool
-            self.conn = _pool_connection(pool)
+            self.conn = _connection_for_wait(pool)
             self._finalizer = weakref.finalize(self, _drop_pinned, pool, self.conn, True)
-        conn = self.conn
         try:
-            conn.send_command(*args)
-            return conn.read_response()
+            return _exchange(self.conn, args, deadline)
         except redis.ResponseError:
             raise
         except BaseException as e:
-            # Broken, timed out or interrupted mid-reply: the connection is
-            # unusable, and closing it ends every holding bound to it.
-            self._give_back(close=True)
+            # Broken, timed out or interrupted mid-reply: _exchange closed the
+            # connection, and closing it ends every holding bound to it.
+            with self.state:
+                self._give_back(close=True)
             for user in self.users:
                 if user._holds > 0:
                     user._holds = 0
@@ -248,10 +340,17 @@ class _LockBase:
     the connection that was granted the lock stays open, and releases the lock
     when it closes, so no renewal thread runs. The object pins one connection
     (taken from the client's pool, or from a pool with the same settings)
-    for as long as it holds anything and sends its commands through it (see
-    _Pin). Loss is then seen by ``release()`` (NOTOWNER) or when that
-    connection fails; there is no background check. Use it when a connection
-    may be dedicated to the holder; otherwise keep the renewal thread.
+    for as long as it holds anything and sends its acquisitions through it
+    (see _Pin); releases go through the client. Loss is then seen by
+    ``release()`` (NOTOWNER) or when that connection fails; there is no
+    background check. Use it when a connection may be dedicated to the
+    holder; otherwise keep the renewal thread.
+
+    A ``BLOCK`` wait gives the server its timeout plus ``wait_margin``
+    seconds (default 2) to answer, and opening the connection for it at most
+    ``wait_margin``; then it raises ServerTimeout (a ``redis.TimeoutError``)
+    and closes that connection. ``timeout=None`` (BLOCK 0) waits for the
+    answer without a limit once the connection is set up.
     """
 
     _family: Family
@@ -268,6 +367,7 @@ class _LockBase:
         use_pubsub: bool = False,
         on_lost: Optional[Callable[["_LockBase"], None]] = None,
         keepalive: bool = False,
+        wait_margin: float = DEFAULT_WAIT_MARGIN,
         _pin: Optional[_Pin] = None,
     ) -> None:
         self.client = client
@@ -287,11 +387,14 @@ class _LockBase:
         self._mutex = threading.RLock()
         self._lost_mutex = threading.Lock()
         self._renewer: Optional[_Renewer] = None
+        #: Seconds a waiting call gives the server beyond its own timeout (and
+        #: a connection's set-up) before it raises ServerTimeout.
+        self.wait_margin = check_margin(wait_margin)
         #: The server renews the lease while the pinned connection is open.
         self.keepalive = keepalive
         self._pin: Optional[_Pin] = None
         if keepalive:
-            self._pin = _pin or _Pin(client)
+            self._pin = _pin or _Pin(client, self.wait_margin)
             self._pin.users.append(self)
 
     # -- state -------------------------------------------------------------
@@ -330,28 +433,31 @@ class _LockBase:
         ``blocking=False`` (or ``timeout <= 0``): one try, no wait. Otherwise the
         server parks the call (``BLOCK``) until the lock is handed over or
         ``timeout`` seconds pass (None: no limit) and None comes back.
+
+        Raises ServerTimeout when the server has not answered a wait within
+        ``timeout`` + ``wait_margin`` seconds (or the connection's set-up
+        within ``wait_margin``); the connection is closed. A lock the server
+        granted just before it saw that connection close stays held until its
+        lease ends (with ``keepalive``: until the server sees the close); no
+        release is sent for it, since this owner may hold the lock already.
         """
         block = block_ms(blocking, timeout)
         args = self._acquire_args(block)
-        with self._channel(block) as call:
-            try:
-                reply = call(args)
-            except redis.ResponseError as e:
-                if is_deadlock(e):
-                    raise DeadlockError(str(e)) from e
-                raise
-            if reply is None:
-                return None
-            return self._granted(reply)
-
-    def _channel(self, block: Optional[int]) -> Any:
-        """A context manager giving the function one command goes through: the
-        pinned connection (keepalive), else the client (a BLOCK wait: one
-        without a read timeout)."""
-        if self._pin is not None:
-            return self._pin.use()
-        client = self.client if block is None else _blocking_client(self.client)
-        return contextlib.nullcontext(lambda args: client.execute_command(*args))
+        try:
+            if self._pin is not None:
+                with self._pin.use() as call:
+                    reply = call(args, block)
+                    # Recorded inside the pin, so it is not given back.
+                    return None if reply is None else self._granted(reply)
+            if block is None:
+                reply = self.client.execute_command(*args)
+            else:
+                reply = _wait_call(self.client, args, block, self.wait_margin)
+        except redis.ResponseError as e:
+            if is_deadlock(e):
+                raise DeadlockError(str(e)) from e
+            raise
+        return None if reply is None else self._granted(reply)
 
     def acquire_via_pubsub(
         self, timeout: Optional[float] = None, safety_poll: float = 5.0
@@ -396,32 +502,38 @@ class _LockBase:
         Raises LockLost if the server says this owner holds nothing."""
         args = self._release_args()
         notowner: Optional[redis.ResponseError] = None
-        broken: Optional[redis.RedisError] = None
         left: Any = 0
-        with self._channel(None) as call, self._mutex:
-            was_held = self._holds > 0
-            try:
-                left = self._parse_left(call(args))
-                self._holds = self._holds_after_release(left)
-            except redis.ResponseError as e:
-                if not is_notowner(e):
-                    raise
-                notowner, self._holds = e, 0
-            except redis.RedisError as e:
-                if self._pin is None:
-                    raise
-                broken = e  # the pin dropped (and reports) every holding on it
-            renewer = self._stop_if_free()
+        try:
+            # Through the client, also for a keepalive object: the server keeps
+            # the binding whatever connection the owner's RELEASE comes on, and
+            # the pinned connection may be parked in another thread's wait.
+            with self._mutex:
+                token = self._token
+                was_held = self._holds > 0
+                try:
+                    left = self._parse_left(self.client.execute_command(*args))
+                    if self._token == token:
+                        self._holds = self._holds_after_release(left)
+                    # else the pinned connection failed meanwhile (holds: 0)
+                except redis.ResponseError as e:
+                    if not is_notowner(e):
+                        raise
+                    notowner = e
+                    if self._token == token:
+                        self._holds = 0
+                    else:
+                        was_held = False
+                renewer = self._stop_if_free()
+        finally:
+            if self._pin is not None:
+                # The last hold gone: the pinned connection goes back (closed
+                # after NOTOWNER: it may be the one whose failure ended it).
+                self._pin.settle(close=notowner is not None)
         if renewer is not None and renewer.thread is not threading.current_thread():
             renewer.thread.join()
         if notowner is not None:
             self._mark_lost(str(notowner), notify=was_held)
             raise LockLost(str(notowner)) from notowner
-        if broken is not None:
-            raise LockLost(
-                "%s %r: the keepalive connection failed (%s); the server releases "
-                "the holding when it sees the connection close"
-                % (self._family.prefix, self.key, broken)) from broken
         return left
 
     def renew(self) -> None:
@@ -584,7 +696,8 @@ class ReadWriteLock:
             # One pinned connection for both views: the owner's tenure has one
             # binding, and giving the connection back while the other view
             # still holds would end that view's holding.
-            kwargs["_pin"] = _Pin(client)
+            kwargs["_pin"] = _Pin(
+                client, check_margin(kwargs.get("wait_margin", DEFAULT_WAIT_MARGIN)))
         self.read = ReadLock(client, key, owner, **kwargs)
         self.write = WriteLock(client, key, owner, **kwargs)
 

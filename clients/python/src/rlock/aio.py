@@ -22,6 +22,7 @@ import logging
 import random
 import time
 import uuid
+import weakref
 from typing import (
     Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union,
 )
@@ -33,14 +34,17 @@ from redis.backoff import NoBackoff
 
 from ._common import (
     DEFAULT_LEASE_MS,
+    DEFAULT_WAIT_MARGIN,
     DeadlockError,
     Family,
     KeyT,
     LockLost,
     NotAcquired,
+    ServerTimeout,
     acquire_all,
     block_ms,
     check_lease,
+    check_margin,
     check_permits,
     db_of,
     default_owner,
@@ -55,6 +59,7 @@ from ._common import (
     retry_wait,
     semaphore_acquire,
     semaphore_release,
+    wait_deadline,
 )
 from ._common import unlock_channel
 from ._sync import RedLockGrant, _renewed_grant
@@ -76,13 +81,58 @@ def _clone(client: ARedis, **overrides: Any) -> Optional[ARedis]:
     return redis.asyncio.Redis(connection_pool=new_pool)
 
 
-def _blocking_client(client: ARedis) -> Optional[ARedis]:
-    """As in the sync half: no read timeout and no retries for a BLOCK wait.
-    A new client per wait, closed after it (clients are tied to an event
-    loop, so none is cached)."""
+def _blocking_client(client: ARedis, margin: float) -> Optional[ARedis]:
+    """As in the sync half: no retries for a BLOCK wait, no socket timeout
+    (its set-up and its reply are bounded with ``asyncio.wait_for``, see
+    _connection_for_wait and _exchange). A new client per wait, closed after
+    it (clients are tied to an event loop, so none is cached)."""
     kw = client.connection_pool.connection_kwargs
     connect = kw.get("socket_connect_timeout") or kw.get("socket_timeout")
+    connect = margin if connect is None else min(connect, margin)
     return _clone(client, socket_timeout=None, socket_connect_timeout=connect)
+
+
+async def _pool_connection(pool: Any) -> Any:
+    try:
+        return await pool.get_connection()
+    except TypeError:  # redis-py < 5.3 wants a command name
+        return await pool.get_connection("_")
+
+
+async def _connection_for_wait(pool: Any, margin: float) -> Any:
+    """A connected connection out of ``pool``, its set-up (connect, ``HELLO``,
+    ``CLIENT SETINFO``) bounded by ``margin``; ServerTimeout past it."""
+    try:
+        return await asyncio.wait_for(_pool_connection(pool), margin)
+    except (asyncio.TimeoutError, redis.TimeoutError) as e:
+        raise ServerTimeout(
+            "the server did not answer the connection set-up in time (%r)" % e) from e
+
+
+async def _exchange(conn: Any, args: List[Any], deadline: Optional[float]) -> Any:
+    """Sends one command on ``conn`` and reads its reply by ``deadline``
+    (``loop.time()``; None: no limit). Anything but a reply (a timeout, a
+    broken connection, a cancellation) disconnects ``conn``: a late reply
+    would be read as the answer to the next command. A timeout raises
+    ServerTimeout."""
+    try:
+        await conn.send_command(*args)
+        if deadline is None:
+            return await conn.read_response()
+        left = max(0.001, deadline - asyncio.get_running_loop().time())
+        return await asyncio.wait_for(conn.read_response(), left)
+    except redis.ResponseError:
+        raise
+    except BaseException as e:
+        try:
+            await conn.disconnect()
+        except Exception:
+            pass
+        if isinstance(e, (asyncio.TimeoutError, redis.TimeoutError)):
+            raise ServerTimeout(
+                "the server did not answer %s in time (%r); the connection was closed"
+                % (args[0], e)) from e
+        raise
 
 
 def _renewal_client(client: ARedis, lease_ms: int) -> Optional[ARedis]:
@@ -117,32 +167,48 @@ async def _maybe_await(result: Any) -> Any:
 class _AsyncPin:
     """The connection an async lock object's KEEPALIVE holdings are bound to
     (see the sync _Pin). Taken when an acquisition starts from a client of its
-    own (the caller's settings, no read timeout, no retries; the caller's pool
-    when it cannot be cloned) and held while any user holds anything; then
-    closed with that client (clients are tied to an event loop, so none is
-    kept)."""
+    own (the caller's settings, no retries; the caller's pool when it cannot
+    be cloned) and held while an acquisition is under way or any user holds
+    anything; then closed with that client (clients are tied to an event
+    loop, so none is kept). Only acquisitions go through it, one at a time;
+    releases, renewals and INFO go through the caller's client."""
 
-    def __init__(self, client: ARedis) -> None:
+    def __init__(self, client: ARedis, margin: float) -> None:
         self.client = client
+        self.margin = margin
         self.own: Optional[ARedis] = None
         self.conn: Any = None
         self.mutex = asyncio.Lock()
+        self.busy = 0
         self.users: List["_AsyncLockBase"] = []
         self._lost: List[Tuple["_AsyncLockBase", str]] = []
 
+    def _idle(self) -> bool:
+        return self.conn is not None and not self.busy and not any(
+            u._holds > 0 for u in self.users)
+
+    async def settle(self) -> None:
+        """After a release: closes the connection if no acquisition is under
+        way and no user holds anything (one under way does it when it ends)."""
+        if self._idle():
+            await self._give_back()
+
     @contextlib.asynccontextmanager
-    async def use(self) -> AsyncIterator[Callable[[List[Any]], Awaitable[Any]]]:
+    async def use(self) -> AsyncIterator[Callable[[List[Any], Optional[int]], Awaitable[Any]]]:
         try:
             async with self.mutex:
+                self.busy += 1
                 try:
                     yield self._call
                 finally:
-                    if self.conn is not None and not any(u._holds > 0 for u in self.users):
+                    self.busy -= 1
+                    if self._idle():
                         await self._give_back()
         finally:
             lost, self._lost = self._lost, []
             for user, why in lost:
-                await user._mark_lost(why)
+                if user._set_lost(why):
+                    await user._notify_lost()
 
     async def _give_back(self) -> None:
         conn, self.conn = self.conn, None
@@ -153,27 +219,26 @@ class _AsyncPin:
         else:
             await _maybe_await(self.client.connection_pool.release(conn))
 
-    async def _call(self, args: List[Any]) -> Any:
+    async def _call(self, args: List[Any], block: Optional[int]) -> Any:
+        deadline = wait_deadline(asyncio.get_running_loop().time(), block, self.margin)
         if self.conn is None:
-            self.own = _blocking_client(self.client)
-            pool = (self.own or self.client).connection_pool
+            own = _blocking_client(self.client, self.margin)
             try:
-                self.conn = await pool.get_connection()
-            except TypeError:  # redis-py < 5.3 wants a command name
-                self.conn = await pool.get_connection("_")
+                self.conn = await _connection_for_wait(
+                    (own or self.client).connection_pool, self.margin)
+            except BaseException:
+                if own is not None:
+                    await _close_own(own)
+                raise
+            self.own = own
         conn = self.conn
         try:
-            await conn.send_command(*args)
-            return await conn.read_response()
+            return await _exchange(conn, args, deadline)
         except redis.ResponseError:
             raise
         except BaseException as e:
-            # Broken, timed out or cancelled mid-reply: closing the connection
-            # ends every holding bound to it.
-            try:
-                await conn.disconnect()
-            except Exception:
-                pass
+            # Broken, timed out or cancelled mid-reply: _exchange closed the
+            # connection, and closing it ends every holding bound to it.
             for user in self.users:
                 if user._holds > 0:
                     user._holds = 0
@@ -185,7 +250,14 @@ class _AsyncPin:
 
 class _AsyncLockBase:
     """Async twin of the sync lock objects (same arguments and meaning,
-    including ``keepalive``)."""
+    including ``keepalive`` and ``wait_margin``: a BLOCK wait raises
+    ServerTimeout when the server has not answered within its timeout plus
+    ``wait_margin``, or the connection's set-up within ``wait_margin``).
+
+    The renewal task refers to the object weakly: an object dropped while
+    holding stops being renewed (its lease then runs out), as in the sync
+    half. ``on_lost`` runs outside the object's mutex, so it may await
+    ``release()``."""
 
     _family: Family
 
@@ -201,6 +273,7 @@ class _AsyncLockBase:
         use_pubsub: bool = False,
         on_lost: Optional[Callable[["_AsyncLockBase"], Union[None, Awaitable[None]]]] = None,
         keepalive: bool = False,
+        wait_margin: float = DEFAULT_WAIT_MARGIN,
         _pin: Optional[_AsyncPin] = None,
     ) -> None:
         self.client = client
@@ -216,10 +289,11 @@ class _AsyncLockBase:
         self._holds = 0
         self._mutex = asyncio.Lock()
         self._renewer: Optional["asyncio.Task[None]"] = None
+        self.wait_margin = check_margin(wait_margin)
         self.keepalive = keepalive
         self._pin: Optional[_AsyncPin] = None
         if keepalive:
-            self._pin = _pin or _AsyncPin(client)
+            self._pin = _pin or _AsyncPin(client, self.wait_margin)
             self._pin.users.append(self)
 
     @property
@@ -243,38 +317,70 @@ class _AsyncLockBase:
             raise LockLost("%s %r: lock lost" % (self._family.prefix, self.key))
 
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[int]:
-        """Token, or None when not granted (see the sync ``acquire``)."""
+        """Token, or None when not granted (see the sync ``acquire``, also
+        for ServerTimeout)."""
         block = block_ms(blocking, timeout)
         args = self._acquire_args(block)
         try:
             if self._pin is not None:
                 async with self._pin.use() as call:
-                    reply = await call(args)
+                    reply = await call(args, block)
                     # Recorded inside the pin, so it is not given back.
                     return None if reply is None else self._granted(reply)
-            own = None if block is None else _blocking_client(self.client)
-            try:
-                reply = await (own or self.client).execute_command(*args)
-            finally:
-                if own is not None:
-                    await _close_own(own)
+            if block is None:
+                reply = await self.client.execute_command(*args)
+            else:
+                reply = await self._wait(args, block)
         except redis.ResponseError as e:
             if is_deadlock(e):
                 raise DeadlockError(str(e)) from e
             raise
         return None if reply is None else self._granted(reply)
 
+    async def _wait(self, args: List[Any], block: int) -> Any:
+        """A BLOCK acquisition on a connection of its own, closed after it:
+        its set-up bounded by ``wait_margin``, its reply awaited until BLOCK +
+        ``wait_margin`` (forever for BLOCK 0)."""
+        deadline = wait_deadline(asyncio.get_running_loop().time(), block, self.wait_margin)
+        own = _blocking_client(self.client, self.wait_margin)
+        if own is None:
+            # A pool that cannot be cloned (Sentinel, custom): the call as a
+            # whole is bounded, on the caller's client.
+            if deadline is None:
+                return await self.client.execute_command(*args)
+            left = max(0.001, deadline - asyncio.get_running_loop().time())
+            try:
+                return await asyncio.wait_for(self.client.execute_command(*args), left)
+            except asyncio.TimeoutError as e:
+                raise ServerTimeout(
+                    "the server did not answer %s in time" % args[0]) from e
+        try:
+            conn = await _connection_for_wait(own.connection_pool, self.wait_margin)
+            try:
+                return await _exchange(conn, args, deadline)
+            finally:
+                await _maybe_await(own.connection_pool.release(conn))
+        finally:
+            await _close_own(own)
+
     def _grant_amount(self) -> int:
         return 1
 
     def _granted(self, reply: Any) -> Any:
         token = self._parse_grant(reply)
-        self._token = token
-        self._holds += self._grant_amount()
+        if self._holds > 0 and token == self._token:
+            self._holds += self._grant_amount()
+        else:
+            # A new tenure: whatever this object counted before ended on the
+            # server (a release on another connection may have been served
+            # just before this grant and answered after it).
+            self._token = token
+            self._holds = self._grant_amount()
         self.lost.clear()
         # With KEEPALIVE the server renews: no task.
         if self.auto_renew and not self.keepalive and not self.renewing:
-            self._renewer = asyncio.ensure_future(self._renew_loop())
+            self._renewer = asyncio.ensure_future(
+                _renew_loop(weakref.ref(self), self.client, self.lease_ms))
         return token
 
     def _keys(self) -> Sequence[KeyT]:
@@ -332,77 +438,58 @@ class _AsyncLockBase:
 
     async def release(self) -> Any:
         """Drops one hold; returns the owner's remaining holds (0: free).
-        Raises LockLost when the server says this owner holds nothing, or
-        when a keepalive lock's connection failed."""
-        if self._pin is None:
-            async with self._mutex:
-                return await self._release(self.client.execute_command)
-        try:
-            async with self._pin.use() as call, self._mutex:
-                return await self._release(lambda *args: call(list(args)))
-        except LockLost:
-            raise
-        except redis.ResponseError:
-            raise
-        except redis.RedisError as e:  # the pin dropped (and reports) the holdings
-            raise LockLost(
-                "%s %r: the keepalive connection failed (%s); the server releases "
-                "the holding when it sees the connection close"
-                % (self._family.prefix, self.key, e)) from e
+        Raises LockLost when the server says this owner holds nothing.
 
-    async def _release(self, send: Callable[..., Awaitable[Any]]) -> Any:
+        Sent through the client, also for a keepalive object: the server
+        keeps the binding whatever connection the owner's RELEASE comes on,
+        and the pinned connection may be parked in another task's wait."""
+        notowner: Optional[redis.ResponseError] = None
+        notify = False
         try:
-            left = self._parse_left(await send(*self._release_args()))
-        except redis.ResponseError as e:
-            if not is_notowner(e):
-                raise
-            was_held = self._holds > 0
-            self._holds = 0
-            await self._stop_renewer()
-            await self._mark_lost(str(e), notify=was_held)
-            raise LockLost(str(e)) from e
-        self._holds = max(0, min(self._holds - self._grant_amount(), self._holds_left(left)))
-        if self._holds == 0:
-            await self._stop_renewer()
+            async with self._mutex:
+                token = self._token
+                try:
+                    left = self._parse_left(
+                        await self.client.execute_command(*self._release_args()))
+                except redis.ResponseError as e:
+                    if not is_notowner(e):
+                        raise
+                    notowner = e
+                    if self._token == token:  # else a newer tenure was granted meanwhile
+                        was_held = self._holds > 0
+                        self._holds = 0
+                        await self._stop_renewer()
+                        notify = self._set_lost(str(e)) and was_held
+                else:
+                    if self._token == token:  # else it ended before a newer grant
+                        self._holds = max(
+                            0, min(self._holds - self._grant_amount(), self._holds_left(left)))
+                        if self._holds == 0:
+                            await self._stop_renewer()
+        finally:
+            if self._pin is not None:
+                await self._pin.settle()
+        if notowner is not None:
+            # Outside the mutex: the callback may await release().
+            if notify:
+                await self._notify_lost()
+            raise LockLost(str(notowner)) from notowner
         return left
 
-    async def renew(self, _via: Optional[ARedis] = None) -> None:
+    async def renew(self) -> None:
         """Resets the lease now (the renewal task does this every lease/3);
         raises LockLost when the server says this owner holds nothing."""
         try:
-            await (_via or self.client).execute_command(*self._renew_args())
+            await self.client.execute_command(*self._renew_args())
         except redis.ResponseError as e:
             if is_notowner(e):
-                await self._mark_lost(str(e))
+                if self._set_lost(str(e)):
+                    await self._notify_lost()
                 raise LockLost(str(e)) from e
             raise
 
     async def info(self) -> Optional[Dict[str, Any]]:
         return parse_info(await self.client.execute_command(*self._family.info(self.key)))
-
-    async def _renew_loop(self) -> None:
-        interval = self.lease_ms / 3000.0
-        last_ok = time.monotonic()
-        via = _renewal_client(self.client, self.lease_ms)
-        try:
-            while True:
-                await asyncio.sleep(interval)
-                async with self._mutex:  # no RENEW racing a RELEASE
-                    if self._holds == 0:
-                        return
-                    try:
-                        await self.renew(via)
-                        last_ok = time.monotonic()
-                    except LockLost:
-                        return
-                    except (redis.RedisError, OSError) as e:
-                        if time.monotonic() - last_ok >= self.lease_ms / 1000.0:
-                            await self._mark_lost(
-                                "no renewal reached the server for a whole lease (%s)" % e)
-                            return
-        finally:
-            if via is not None:
-                await _close_own(via)
 
     async def _stop_renewer(self) -> None:
         self._token = None
@@ -414,12 +501,17 @@ class _AsyncLockBase:
             except asyncio.CancelledError:
                 pass
 
-    async def _mark_lost(self, why: str, notify: bool = True) -> None:
+    def _set_lost(self, why: str) -> bool:
+        """Marks the lock lost; True the first time (then call _notify_lost,
+        outside the mutex)."""
         if self.lost.is_set():
-            return
+            return False
         self.lost.set()
         log.warning("%s %r owner %s: lock lost (%s)", self._family.prefix, self.key, self.owner, why)
-        if notify and self.on_lost is not None:
+        return True
+
+    async def _notify_lost(self) -> None:
+        if self.on_lost is not None:
             try:
                 result = self.on_lost(self)
                 if asyncio.iscoroutine(result):
@@ -478,7 +570,8 @@ class AsyncReadWriteLock:
         self.key = key
         self.owner = owner
         if kwargs.get("keepalive"):
-            kwargs["_pin"] = _AsyncPin(client)  # one binding for both views
+            kwargs["_pin"] = _AsyncPin(  # one binding for both views
+                client, check_margin(kwargs.get("wait_margin", DEFAULT_WAIT_MARGIN)))
         self.read = AsyncReadLock(client, key, owner, **kwargs)
         self.write = AsyncWriteLock(client, key, owner, **kwargs)
 
@@ -545,6 +638,50 @@ class AsyncSemaphore(_AsyncLockBase):
 
     def _grant_amount(self) -> int:
         return self.permits
+
+
+async def _renew_loop(ref: "weakref.ref[_AsyncLockBase]", client: ARedis, lease_ms: int) -> None:
+    """The renewal task of one lock object: RENEW every lease/3 while it holds.
+    It refers to the object weakly (between ticks nothing here keeps it
+    alive), so a held object dropped without release stops being renewed and
+    its lease runs out; the task ends at its next tick."""
+    interval = lease_ms / 3000.0
+    last_ok = time.monotonic()
+    via = _renewal_client(client, lease_ms)
+    try:
+        while True:
+            await asyncio.sleep(interval)
+            lock = ref()
+            if lock is None:
+                return  # collected: let the lease run out
+            lost: Optional[str] = None
+            async with lock._mutex:  # no RENEW racing a RELEASE
+                if lock._holds == 0:
+                    return
+                try:
+                    await (via or client).execute_command(*lock._renew_args())
+                    last_ok = time.monotonic()
+                except redis.ResponseError as e:
+                    if is_notowner(e):
+                        lost = str(e)
+                    elif time.monotonic() - last_ok >= lease_ms / 1000.0:
+                        lost = "no renewal reached the server for a whole lease (%s)" % e
+                except (redis.RedisError, OSError) as e:
+                    if time.monotonic() - last_ok >= lease_ms / 1000.0:
+                        lost = "no renewal reached the server for a whole lease (%s)" % e
+            if lost is not None:
+                # This task stops renewing; a release must not cancel it
+                # while it runs the callback (outside the mutex: the callback
+                # may await release()).
+                if lock._renewer is asyncio.current_task():
+                    lock._renewer = None
+                if lock._set_lost(lost):
+                    await lock._notify_lost()
+                return
+            del lock
+    finally:
+        if via is not None:
+            await _close_own(via)
 
 
 def _redlock_client(server: Union[ARedis, str], timeout: float) -> ARedis:
