@@ -116,6 +116,25 @@ def _pool_connection(pool: Any) -> Any:
         return pool.get_connection("_")
 
 
+def _send_once(client: "redis.Redis", args: List[Any]) -> Any:
+    """One command on a connection of ``client``'s pool, never resent: a
+    RELEASE whose reply was lost may have been applied, and the client's own
+    retries would send it again and drop one more hold. A failure closes the
+    connection (a late reply would be read as the next command's)."""
+    pool = client.connection_pool
+    conn = _pool_connection(pool)
+    try:
+        conn.send_command(*args)
+        return conn.read_response()
+    except redis.ResponseError:
+        raise
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
 def _connection_for_wait(pool: Any) -> Any:
     """A connected connection out of ``pool`` (a _blocking_client pool: its
     set-up is bounded by the margin); ServerTimeout when set-up timed out."""
@@ -511,7 +530,7 @@ class _LockBase:
                 token = self._token
                 was_held = self._holds > 0
                 try:
-                    left = self._parse_left(self.client.execute_command(*args))
+                    left = self._parse_left(_send_once(self.client, args))
                     if self._token == token:
                         self._holds = self._holds_after_release(left)
                     # else the pinned connection failed meanwhile (holds: 0)

@@ -99,6 +99,23 @@ async def _pool_connection(pool: Any) -> Any:
         return await pool.get_connection("_")
 
 
+async def _send_once(client: ARedis, args: List[Any]) -> Any:
+    """As in the sync half: one command never resent (a RELEASE whose reply
+    was lost may have been applied; a retry would drop one more hold)."""
+    pool = client.connection_pool
+    conn = await _pool_connection(pool)
+    try:
+        await conn.send_command(*args)
+        return await conn.read_response()
+    except redis.ResponseError:
+        raise
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        await _maybe_await(pool.release(conn))
+
+
 async def _connection_for_wait(pool: Any, margin: float) -> Any:
     """A connected connection out of ``pool``, its set-up (connect, ``HELLO``,
     ``CLIENT SETINFO``) bounded by ``margin``; ServerTimeout past it."""
@@ -450,7 +467,7 @@ class _AsyncLockBase:
                 token = self._token
                 try:
                     left = self._parse_left(
-                        await self.client.execute_command(*self._release_args()))
+                        await _send_once(self.client, self._release_args()))
                 except redis.ResponseError as e:
                     if not is_notowner(e):
                         raise
