@@ -119,7 +119,8 @@ fn lost_lock_is_reported() {
     assert!(matches!(guard.check(), Err(Error::Lost(_))));
     assert_eq!(reports.lock().unwrap().len(), 1);
     assert!(reports.lock().unwrap()[0].contains("NOTOWNER"));
-    assert!(!guard.is_renewing());
+    // The renewal thread ends after it reported the loss.
+    wait_until(Duration::from_secs(2), || !guard.is_renewing());
     assert!(matches!(guard.release(), Err(Error::Lost(_))));
 }
 
