@@ -42,6 +42,7 @@ from ._common import (
     NotAcquired,
     ServerTimeout,
     acquire_all,
+    block_generation,
     block_ms,
     check_lease,
     check_margin,
@@ -49,9 +50,12 @@ from ._common import (
     db_of,
     default_owner,
     drift_ms,
+    enter_block,
+    exit_block,
     is_deadlock,
     is_end_message,
     is_notowner,
+    note_grant,
     parse_info,
     quorum,
     release_all,
@@ -59,6 +63,7 @@ from ._common import (
     retry_wait,
     semaphore_acquire,
     semaphore_release,
+    stale_message,
     wait_deadline,
 )
 from ._common import unlock_channel
@@ -197,6 +202,9 @@ class _AsyncPin:
         self.conn: Any = None
         self.mutex = asyncio.Lock()
         self.busy = 0
+        #: Goes up each time the connection is closed after a failure (which
+        #: ended every holding bound to it): see the sync _Pin.
+        self.generation = 0
         self.users: List["_AsyncLockBase"] = []
         self._lost: List[Tuple["_AsyncLockBase", str]] = []
 
@@ -261,6 +269,7 @@ class _AsyncPin:
                     user._holds = 0
                     user._token = None
                     self._lost.append((user, "its keepalive connection failed (%r)" % e))
+            self.generation += 1
             await self._give_back()
             raise
 
@@ -342,8 +351,11 @@ class _AsyncLockBase:
             if self._pin is not None:
                 async with self._pin.use() as call:
                     reply = await call(args, block)
+                    if reply is None:
+                        return None
                     # Recorded inside the pin, so it is not given back.
-                    return None if reply is None else self._granted(reply)
+                    note_grant(self._pin)
+                    return self._granted(reply)
             if block is None:
                 reply = await self.client.execute_command(*args)
             else:
@@ -495,7 +507,13 @@ class _AsyncLockBase:
 
     async def renew(self) -> None:
         """Resets the lease now (the renewal task does this every lease/3);
-        raises LockLost when the server says this owner holds nothing."""
+        raises LockLost when the server says this owner holds nothing, or
+        (keepalive) inside an ``async with`` block whose hold ended with its
+        pinned connection (nothing is sent; see ``__aexit__``)."""
+        if self._pin is not None:
+            gen = block_generation(self)
+            if gen is not None and gen != self._pin.generation:
+                raise LockLost(stale_message(self._family.prefix, self.key))
         try:
             await self.client.execute_command(*self._renew_args())
         except redis.ResponseError as e:
@@ -544,9 +562,21 @@ class _AsyncLockBase:
         if token is None:
             raise NotAcquired(
                 "%s %r not acquired within %ss" % (self._family.prefix, self.key, self.timeout))
+        if self._pin is not None:
+            enter_block(self, self._pin)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Releases the hold; LockLost if it was lost meanwhile (unless the
+        block raised). A keepalive object shared by tasks: a block whose hold
+        was granted on a pinned connection that failed since sends nothing
+        (another task may hold a new tenure) and raises LockLost."""
+        if self._pin is not None:
+            gen = exit_block(self)
+            if gen is not None and gen != self._pin.generation:
+                if exc_type is None:
+                    raise LockLost(stale_message(self._family.prefix, self.key))
+                return
         was_lost = self.lost.is_set()
         try:
             if self._holds > 0:
