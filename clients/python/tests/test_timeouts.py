@@ -13,6 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import harness
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
 from rlock import FairLock, Lock, LockLost, MultiLock, ReadWriteLock, Semaphore, ServerTimeout
 from rlock._common import parse_info
@@ -361,6 +363,42 @@ class AsyncFrozenServerTest(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(await owners(), [b"other"])
         finally:
             sync.close()
+
+    async def test_async_custom_pool_wait_outlasts_its_socket_timeout(self) -> None:
+        # A pool that cannot be cloned (a subclass, as Sentinel's) with a
+        # socket_timeout shorter than the wait: the wait's reply is still
+        # awaited for its timeout + margin, not cut at the socket timeout.
+        class CustomPool(redis.asyncio.ConnectionPool):
+            pass
+
+        assert SERVER is not None
+        for keepalive in (False, True):
+            with self.subTest(keepalive=keepalive):
+                pool = CustomPool(port=SERVER.port, socket_timeout=0.3)
+                custom = redis.asyncio.Redis(
+                    connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
+                try:
+                    await self.r.execute_command("RLOCK.ACQUIRE", "a:cp", "h", "PX", 60_000)
+                    waiter = AsyncLock(custom, "a:cp", keepalive=keepalive, wait_margin=MARGIN)
+                    task = asyncio.ensure_future(waiter.acquire(timeout=5))
+                    await self.wait_waiters(1)
+                    await asyncio.sleep(1.0)  # three socket timeouts
+                    self.assertFalse(task.done(), task.done() and task.exception())
+                    await self.r.execute_command("RLOCK.RELEASE", "a:cp", "h")
+                    self.assertIsInstance(await asyncio.wait_for(task, 10), int)
+                    self.assertEqual(await waiter.release(), 0)
+                    # BLOCK 0 waits without a limit, whatever the socket timeout.
+                    await self.r.execute_command("RLOCK.ACQUIRE", "a:cp", "h", "PX", 60_000)
+                    task = asyncio.ensure_future(waiter.acquire())
+                    await self.wait_waiters(1)
+                    await asyncio.sleep(1.0)
+                    self.assertFalse(task.done(), task.done() and task.exception())
+                    await self.r.execute_command("RLOCK.RELEASE", "a:cp", "h")
+                    self.assertIsInstance(await asyncio.wait_for(task, 10), int)
+                    self.assertEqual(await waiter.release(), 0)
+                finally:
+                    await _close(custom)
+                    await pool.disconnect()
 
     async def test_async_block_0_waits_past_the_margin(self) -> None:
         for keepalive in (False, True):

@@ -131,18 +131,32 @@ async def _connection_for_wait(pool: Any, margin: float) -> Any:
             "the server did not answer the connection set-up in time (%r)" % e) from e
 
 
+async def _read_unbounded(conn: Any) -> Any:
+    """``conn``'s next reply, read without the connection's own
+    ``socket_timeout`` (the caller bounds the read): a connection of the
+    caller's pool (Sentinel, custom) keeps the pool's timeout, which may be
+    shorter than the wait."""
+    saved = conn.socket_timeout
+    conn.socket_timeout = None
+    try:
+        return await conn.read_response()
+    finally:
+        conn.socket_timeout = saved
+
+
 async def _exchange(conn: Any, args: List[Any], deadline: Optional[float]) -> Any:
     """Sends one command on ``conn`` and reads its reply by ``deadline``
-    (``loop.time()``; None: no limit). Anything but a reply (a timeout, a
-    broken connection, a cancellation) disconnects ``conn``: a late reply
-    would be read as the answer to the next command. A timeout raises
+    (``loop.time()``; None: no limit), whatever the connection's
+    ``socket_timeout``. Anything but a reply (a timeout, a broken
+    connection, a cancellation) disconnects ``conn``: a late reply would be
+    read as the answer to the next command. A timeout raises
     ServerTimeout."""
     try:
         await conn.send_command(*args)
         if deadline is None:
-            return await conn.read_response()
+            return await _read_unbounded(conn)
         left = max(0.001, deadline - asyncio.get_running_loop().time())
-        return await asyncio.wait_for(conn.read_response(), left)
+        return await asyncio.wait_for(_read_unbounded(conn), left)
     except redis.ResponseError:
         raise
     except BaseException as e:
@@ -373,16 +387,15 @@ class _AsyncLockBase:
         deadline = wait_deadline(asyncio.get_running_loop().time(), block, self.wait_margin)
         own = _blocking_client(self.client, self.wait_margin)
         if own is None:
-            # A pool that cannot be cloned (Sentinel, custom): the call as a
-            # whole is bounded, on the caller's client.
-            if deadline is None:
-                return await self.client.execute_command(*args)
-            left = max(0.001, deadline - asyncio.get_running_loop().time())
+            # A pool that cannot be cloned (Sentinel, custom): one of its
+            # connections, the reply read with the wait's own bound (not the
+            # pool's socket_timeout) and never resent.
+            pool = self.client.connection_pool
+            conn = await _connection_for_wait(pool, self.wait_margin)
             try:
-                return await asyncio.wait_for(self.client.execute_command(*args), left)
-            except asyncio.TimeoutError as e:
-                raise ServerTimeout(
-                    "the server did not answer %s in time" % args[0]) from e
+                return await _exchange(conn, args, deadline)
+            finally:
+                await _maybe_await(pool.release(conn))
         try:
             conn = await _connection_for_wait(own.connection_pool, self.wait_margin)
             try:
