@@ -229,9 +229,11 @@ class _Pin:
     releases them. The pin's ``generation`` then goes up: a ``with`` block
     granted in an earlier generation is stale (its hold ended, and a later
     acquisition by another thread is a new tenure it must not release).
-    If the lock object is garbage-collected while holding, the
-    connection is closed (the server releases at once), as a renewal-thread
-    lock's lease would run out.
+
+    The pin refers to its users weakly, so a lock object dropped while
+    holding is freed at once (no reference cycle waits for the cycle
+    collector): the pin goes with it and its connection is closed (the server
+    releases at once), as a renewal-thread lock's lease would run out.
     """
 
     def __init__(self, client: "redis.Redis", margin: float) -> None:
@@ -246,15 +248,27 @@ class _Pin:
         #: Goes up each time the connection is closed after a failure (which
         #: ended every holding bound to it).
         self.generation = 0
-        self.users: List["_LockBase"] = []
+        self._users: "weakref.WeakSet[_LockBase]" = weakref.WeakSet()
+        self._registered = 0
         self._lost: List[Tuple["_LockBase", str]] = []
         self._finalizer: Optional[weakref.finalize] = None
+
+    def add_user(self, user: "_LockBase") -> None:
+        self._users.add(user)
+        self._registered += 1
+
+    @property
+    def users(self) -> List["_LockBase"]:
+        return list(self._users)
 
     def _give_back(self, close: bool = False) -> None:
         conn, self.conn = self.conn, None
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
+        # A user dropped while holding may have left a holding bound to the
+        # connection: close it rather than let the pool reuse it.
+        close = close or len(self._users) < self._registered
         _drop_pinned(self.client.connection_pool, conn, close)
 
     def _idle(self) -> bool:
@@ -426,7 +440,7 @@ class _LockBase:
         self._pin: Optional[_Pin] = None
         if keepalive:
             self._pin = _pin or _Pin(client, self.wait_margin)
-            self._pin.users.append(self)
+            self._pin.add_user(self)
 
     # -- state -------------------------------------------------------------
 
