@@ -278,6 +278,28 @@ class KeepaliveTest(unittest.TestCase):
         gc.collect()
         wait_for(lambda: self.r.exists("dropped") == 0, 1)  # not 10 s later
 
+    def test_dropped_keepalive_lock_is_released_without_the_cycle_collector(self) -> None:
+        # Dropping the last reference releases at once, as for a lock with a
+        # renewal thread: no reference cycle waits for the cycle collector.
+        for kind in ("Lock", "ReadWriteLock"):
+            with self.subTest(kind):
+                key = "dropped-rc-%s" % kind
+                gc.collect()
+                gc.disable()
+                try:
+                    if kind == "Lock":
+                        lock: Any = Lock(self.r, key, lease_ms=10_000, keepalive=True)
+                        lock.acquire()
+                    else:
+                        lock = ReadWriteLock(self.r, key, lease_ms=10_000,
+                                             keepalive=True)
+                        lock.read.acquire()
+                    self.assertEqual(self.r.exists(key), 1)
+                    del lock
+                    wait_for(lambda: self.r.exists(key) == 0, 5)  # not 10 s later
+                finally:
+                    gc.enable()
+
     def test_keepalive_block_wait_binds_the_parked_connection(self) -> None:
         holder = Lock(self.r, "kb")
         holder.acquire()

@@ -13,8 +13,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import harness
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
-from rlock import FairLock, Lock, MultiLock, ReadWriteLock, Semaphore, ServerTimeout
+from rlock import FairLock, Lock, LockLost, MultiLock, ReadWriteLock, Semaphore, ServerTimeout
 from rlock._common import parse_info
 from rlock.aio import AsyncLock, AsyncMultiLock, AsyncSemaphore, _close
 
@@ -36,6 +38,13 @@ def setUpModule() -> None:
 def tearDownModule() -> None:
     if SERVER is not None:
         SERVER.stop()
+
+
+def release_calls(r: "redis.Redis") -> int:
+    """RELEASE and RENEW commands of any family the server has run."""
+    stats = r.info("commandstats")
+    return sum(int(v.get("calls", 0)) for k, v in stats.items()
+               if k.endswith(".release") or k.endswith(".renew"))
 
 
 def waiters(r: "redis.Redis") -> int:
@@ -180,6 +189,51 @@ class FrozenServerTest(unittest.TestCase):
         wait_for(lambda: owners() == [b"other"], 5)  # not 60 s (its lease) later
         other.release()
 
+    def test_a_with_block_from_before_the_pin_failed_is_lost(self) -> None:
+        # A keepalive semaphore shared by threads: the main thread is in a
+        # with block; another thread's wait on the pinned connection is
+        # abandoned (the server froze), which ends the holding; a third
+        # thread acquires again (a new tenure). The with block from before
+        # the failure raises LockLost and sends nothing: it must not drop
+        # the new tenure's permit.
+        other = Semaphore(self.r, "f:kw", limit=2, owner="other")
+        other.acquire()
+        sem = Semaphore(self.r, "f:kw", limit=2, keepalive=True, wait_margin=MARGIN,
+                        lease_ms=60_000)
+
+        def owners() -> List[bytes]:
+            info = parse_info(self.r.execute_command("SEMAPHORE.INFO", "f:kw"))
+            assert info is not None
+            return sorted(h[b"owner"] for h in info["holders"])
+
+        mine = sorted([b"other", sem.owner.encode()])
+        with self.assertRaises(LockLost):
+            with sem:
+                t, box = in_thread(lambda: sem.acquire(timeout=WAIT))
+                wait_for(lambda: waiters(self.r) == 1)
+                self.server.freeze()
+                try:
+                    t.join(WAIT + MARGIN + SLACK)
+                    self.assertFalse(t.is_alive(), "the keepalive wait did not return")
+                finally:
+                    self.server.thaw()
+                t.join(10)
+                self.assertIsInstance(box.get("error"), ServerTimeout, box)
+                wait_for(lambda: owners() == [b"other"], 5)
+                t, box = in_thread(lambda: sem.acquire(blocking=False))
+                t.join(10)
+                self.assertIsInstance(box.get("value"), int, box)
+                self.assertEqual(owners(), mine)
+                before = release_calls(self.r)
+                with self.assertRaises(LockLost):
+                    sem.renew()  # inside the stale block: sends nothing
+        self.assertEqual(release_calls(self.r), before, "the stale block sent a command")
+        self.assertEqual(owners(), mine, "the stale block released the new tenure")
+        self.assertEqual(sem.holds, 1)
+        self.assertEqual(sem.release(), 0)
+        self.assertEqual(owners(), [b"other"])
+        other.release()
+
     def test_waits_longer_than_the_margin_still_work(self) -> None:
         # The margin bounds how late the answer may be, not the wait:
         # BLOCK 0 and a BLOCK longer than the margin are served.
@@ -269,6 +323,82 @@ class AsyncFrozenServerTest(unittest.IsolatedAsyncioTestCase):
                 outcome, elapsed = await self.frozen_call(lock.acquire(timeout=WAIT), None)
                 self.assertIsInstance(outcome, ServerTimeout)
                 self.assertLess(elapsed, WAIT + MARGIN + SLACK)
+
+    async def test_async_block_from_before_the_pin_failed_is_lost(self) -> None:
+        # As the sync test: a keepalive semaphore shared by tasks; an async
+        # with block from before the pinned connection failed raises
+        # LockLost and sends nothing once another task took a new tenure.
+        await self.r.execute_command(
+            "SEMAPHORE.ACQUIRE", "a:kw", "other", "LIMIT", 2, "PERMITS", 1, "PX", 60_000)
+        sem = AsyncSemaphore(self.r, "a:kw", limit=2, keepalive=True, wait_margin=MARGIN,
+                             lease_ms=60_000)
+        sync = SERVER.client()  # type: ignore[union-attr]
+
+        async def owners() -> List[bytes]:
+            info = parse_info(await self.r.execute_command("SEMAPHORE.INFO", "a:kw"))
+            assert info is not None
+            return sorted(h[b"owner"] for h in info["holders"])
+
+        mine = sorted([b"other", sem.owner.encode()])
+        try:
+            with self.assertRaises(LockLost):
+                async with sem:
+                    outcome, _ = await self.frozen_call(
+                        sem.acquire(timeout=WAIT), lambda: self.wait_waiters(1))
+                    self.assertIsInstance(outcome, ServerTimeout)
+                    deadline = time.monotonic() + 5
+                    while await owners() != [b"other"]:
+                        self.assertLess(time.monotonic(), deadline)
+                        await asyncio.sleep(0.01)
+                    self.assertIsInstance(
+                        await asyncio.ensure_future(sem.acquire(blocking=False)), int)
+                    self.assertEqual(await owners(), mine)
+                    before = release_calls(sync)
+                    with self.assertRaises(LockLost):
+                        await sem.renew()
+            self.assertEqual(release_calls(sync), before, "the stale block sent a command")
+            self.assertEqual(await owners(), mine, "the stale block released the new tenure")
+            self.assertEqual(sem.holds, 1)
+            self.assertEqual(await sem.release(), 0)
+            self.assertEqual(await owners(), [b"other"])
+        finally:
+            sync.close()
+
+    async def test_async_custom_pool_wait_outlasts_its_socket_timeout(self) -> None:
+        # A pool that cannot be cloned (a subclass, as Sentinel's) with a
+        # socket_timeout shorter than the wait: the wait's reply is still
+        # awaited for its timeout + margin, not cut at the socket timeout.
+        class CustomPool(redis.asyncio.ConnectionPool):
+            pass
+
+        assert SERVER is not None
+        for keepalive in (False, True):
+            with self.subTest(keepalive=keepalive):
+                pool = CustomPool(port=SERVER.port, socket_timeout=0.3)
+                custom = redis.asyncio.Redis(
+                    connection_pool=pool, retry=AsyncRetry(NoBackoff(), 0))
+                try:
+                    await self.r.execute_command("RLOCK.ACQUIRE", "a:cp", "h", "PX", 60_000)
+                    waiter = AsyncLock(custom, "a:cp", keepalive=keepalive, wait_margin=MARGIN)
+                    task = asyncio.ensure_future(waiter.acquire(timeout=5))
+                    await self.wait_waiters(1)
+                    await asyncio.sleep(1.0)  # three socket timeouts
+                    self.assertFalse(task.done(), task.done() and task.exception())
+                    await self.r.execute_command("RLOCK.RELEASE", "a:cp", "h")
+                    self.assertIsInstance(await asyncio.wait_for(task, 10), int)
+                    self.assertEqual(await waiter.release(), 0)
+                    # BLOCK 0 waits without a limit, whatever the socket timeout.
+                    await self.r.execute_command("RLOCK.ACQUIRE", "a:cp", "h", "PX", 60_000)
+                    task = asyncio.ensure_future(waiter.acquire())
+                    await self.wait_waiters(1)
+                    await asyncio.sleep(1.0)
+                    self.assertFalse(task.done(), task.done() and task.exception())
+                    await self.r.execute_command("RLOCK.RELEASE", "a:cp", "h")
+                    self.assertIsInstance(await asyncio.wait_for(task, 10), int)
+                    self.assertEqual(await waiter.release(), 0)
+                finally:
+                    await _close(custom)
+                    await pool.disconnect()
 
     async def test_async_block_0_waits_past_the_margin(self) -> None:
         for keepalive in (False, True):

@@ -299,7 +299,11 @@ impl Lock {
     /// whatever connection the owner's RELEASE or RENEW comes on), so they
     /// never wait behind a clone's parked acquisition. Do not mix keepalive and
     /// plain locks of one owner on one key. Loss shows at `release`/`renew`
-    /// (`Error::Lost`); no thread watches for it. Use it where a connection may
+    /// (`Error::Lost`); no thread watches for it. A guard granted before the
+    /// pinned connection failed (or a clone's wait on it was abandoned: both
+    /// end every holding bound to it) gets `Error::Lost` there without
+    /// anything being sent, so it cannot release a new tenure a clone
+    /// acquired since. Use it where a connection may
     /// be dedicated to the holder; keep the renewal thread otherwise.
     pub fn keepalive(mut self, on: bool) -> Lock {
         self.pin = on.then(|| Pin::new(&self.client));
@@ -414,17 +418,17 @@ impl Lock {
         let mut conn = self.client.get_connection()?;
         loop {
             let cmd = self.acquire_cmd(None);
-            let token: Option<i64> = match &self.pin {
+            let token: Option<(i64, u64)> = match &self.pin {
                 Some(pin) => pin.acquire(
                     &cmd,
                     wait_deadline(None, self.wait_margin),
                     self.wait_margin,
                 )?,
-                None => cmd.query(&mut conn)?,
+                None => cmd.query::<Option<i64>>(&mut conn)?.map(|t| (t, 0)),
             };
-            if let Some(token) = token {
+            if let Some((token, generation)) = token {
                 let channel = match &self.pin {
-                    Some(pin) => Channel::Pinned(pin.clone()),
+                    Some(pin) => Channel::Pinned(pin.clone(), generation),
                     None => Channel::Own(conn),
                 };
                 return Ok(Some(self.guard(channel, token)));
@@ -794,7 +798,10 @@ fn exchange<T: FromRedisValue>(
 /// while any guard on it lives, and closed (dropped) once no acquisition is
 /// under way and the last guard was released. A failed or abandoned
 /// connection is dropped too: the server then ends every holding bound to
-/// it, and the guards find out at their release (`NOTOWNER`).
+/// it. The pin's generation then goes up and its guard count restarts at
+/// zero: a guard granted in an earlier generation is stale, and its renew or
+/// release returns `Error::Lost` without sending anything (a clone may hold
+/// a new tenure since, which a RELEASE of the owner would drop).
 ///
 /// Releases and renewals do not need it (the server keeps the binding
 /// whatever connection the owner's RELEASE or RENEW comes on): they go
@@ -812,7 +819,11 @@ pub(crate) struct Pin {
 struct PinState {
     /// The pinned connection while no acquisition has it out.
     conn: Option<Connection>,
+    /// Guards granted in the current generation and not released.
     guards: usize,
+    /// Goes up each time the connection is dropped after a failure (which
+    /// ended every holding bound to it).
+    generation: u64,
     /// An acquisition has the connection out.
     busy: bool,
 }
@@ -832,15 +843,16 @@ impl Pin {
     }
 
     /// An acquisition through the pinned connection (opened within `margin`
-    /// if needed), its answer awaited until `deadline`: a grant adds a guard.
-    /// The connection is closed when it failed or timed out, or when no
+    /// if needed), its answer awaited until `deadline`: a grant adds a guard
+    /// and comes with the generation it was granted in. The connection is
+    /// closed when it failed or timed out (a new generation), or when no
     /// guard is left.
     pub(crate) fn acquire<T: FromRedisValue>(
         &self,
         cmd: &redis::Cmd,
         deadline: Option<Instant>,
         margin: Duration,
-    ) -> redis::RedisResult<Option<T>> {
+    ) -> redis::RedisResult<Option<(T, u64)>> {
         let _one = locked(&self.acquiring);
         let existing = {
             let mut st = locked(&self.state);
@@ -864,6 +876,12 @@ impl Pin {
             Err(e) => is_broken(e) || conn.as_ref().is_some_and(|c| !c.is_open()),
             Ok(_) => false,
         };
+        if broken {
+            // Dropped below (closed): the server ends every holding bound to
+            // it, so the guards granted on it are stale.
+            st.generation += 1;
+            st.guards = 0;
+        }
         if let Ok(Some(_)) = &reply {
             st.guards += 1;
         }
@@ -873,7 +891,14 @@ impl Pin {
         if st.guards == 0 {
             *locked(&self.side) = None;
         }
-        reply
+        let generation = st.generation;
+        reply.map(|r| r.map(|t| (t, generation)))
+    }
+
+    /// Whether a guard granted in `generation` is stale: the connection it
+    /// was granted on failed since.
+    fn is_stale(&self, generation: u64) -> bool {
+        locked(&self.state).generation != generation
     }
 
     /// `f` on the side connection (opened if needed; dropped when broken).
@@ -930,7 +955,7 @@ pub(crate) fn grant<T: FromRedisValue>(
     Ok(match pin {
         Some(pin) => pin
             .acquire(cmd, deadline, margin)?
-            .map(|t| (t, Channel::Pinned(pin.clone()))),
+            .map(|(t, generation)| (t, Channel::Pinned(pin.clone(), generation))),
         None => {
             // Dropped (closed) on any error: a late answer must reach nobody.
             let mut conn = connect_for_wait(client, margin)?;
@@ -953,15 +978,21 @@ pub(crate) fn grant<T: FromRedisValue>(
 pub(crate) enum Channel {
     /// The connection it was granted on.
     Own(Connection),
-    /// The lock's keepalive connection.
-    Pinned(Arc<Pin>),
+    /// The lock's keepalive connection, and the generation the hold was
+    /// granted in.
+    Pinned(Arc<Pin>, u64),
 }
 
 impl Channel {
+    /// A keepalive hold whose pinned connection failed since it was granted.
+    fn is_stale(&self) -> bool {
+        matches!(self, Channel::Pinned(p, generation) if p.is_stale(*generation))
+    }
+
     fn query<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self {
             Channel::Own(c) => cmd.query(c),
-            Channel::Pinned(p) => p.side(|c| cmd.query(c)),
+            Channel::Pinned(p, _) => p.side(|c| cmd.query(c)),
         }
     }
 
@@ -969,7 +1000,7 @@ impl Channel {
     fn release<T: FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self {
             Channel::Own(c) => cmd.query(c),
-            Channel::Pinned(p) => p.release(cmd),
+            Channel::Pinned(p, _) => p.release(cmd),
         }
     }
 }
@@ -988,7 +1019,7 @@ impl Held {
         let lost = Arc::new(AtomicBool::new(false));
         // With KEEPALIVE the server renews: no thread.
         let renewer = match channel {
-            Channel::Pinned(_) => None,
+            Channel::Pinned(..) => None,
             Channel::Own(_) => Renewer::start(renew, lost.clone()),
         };
         Held {
@@ -1025,7 +1056,24 @@ impl Held {
         })
     }
 
+    /// `Err(Error::Lost)` for a keepalive hold whose pinned connection
+    /// failed since it was granted: the server ended it, and a clone may
+    /// hold a new tenure of the same owner, which a RELEASE or RENEW sent
+    /// now would act on. Nothing is sent then.
+    fn check_stale(&self) -> Result<()> {
+        if self.channel.is_stale() {
+            self.lost.store(true, Ordering::SeqCst);
+            return Err(Error::Lost(
+                "the keepalive connection this hold was granted on failed \
+                 (the server ended its holdings); nothing was sent"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn renew(&mut self, cmd: &redis::Cmd) -> Result<()> {
+        self.check_stale()?;
         let r: redis::RedisResult<i64> = self.channel.query(cmd);
         self.lost_on(r).map(|_| ())
     }
@@ -1036,6 +1084,9 @@ impl Held {
             r.stop();
         }
         self.released = true;
+        // A stale guard is not counted by the pin any more (its generation
+        // ended): nothing to give back either.
+        self.check_stale()?;
         let r = self.channel.release(cmd);
         self.lost_on(r)
     }

@@ -246,6 +246,67 @@ fn keepalive_holdings_on_an_abandoned_connection_end() {
 }
 
 #[test]
+fn a_guard_from_before_the_pinned_connection_failed_is_lost() {
+    // A keepalive lock holds; a clone's wait on the pinned connection is
+    // abandoned (the server froze), which ends the holding. Another clone
+    // then acquires again: a new tenure on a new connection. The guard from
+    // before the failure is told Lost and its release sends nothing: it must
+    // not drop the new tenure's hold.
+    let mut s = Server::start();
+    let cl = s.client();
+    let mut c = s.conn();
+    let _: i64 = redis::cmd("SEMAPHORE.ACQUIRE")
+        .arg(&["kg", "other", "LIMIT", "2", "PERMITS", "1", "PX", "60000"][..])
+        .query(&mut c)
+        .unwrap();
+    let sem = Lock::semaphore(&cl, "kg", 2, 1)
+        .keepalive(true)
+        .lease(Duration::from_secs(60))
+        .wait_margin(MARGIN);
+    let mut old = sem.try_acquire().unwrap().expect("2 of 2");
+    let clone = sem.clone();
+    let rx = spawn(move || clone.acquire(Some(WAIT)).map(|g| g.is_some()));
+    wait_until(Duration::from_secs(5), || waiters(&s) == 1);
+    let outcome = {
+        let _frozen = Frozen::new(&mut s);
+        rx.recv_timeout(WAIT + MARGIN + SLACK)
+            .expect("the keepalive wait did not return while frozen")
+    };
+    expect_timeout(outcome, "keepalive wait");
+    wait_until(Duration::from_secs(5), || {
+        holders(&mut c, "kg") == ["other".to_string()]
+    });
+    let owner = sem.owner_name().to_string();
+    let new = sem.clone().try_acquire().unwrap().expect("a new tenure");
+    assert_eq!(holders(&mut c, "kg"), ["other".to_string(), owner.clone()]);
+    let releases = |c: &mut redis::Connection| -> i64 {
+        let info: redis::InfoDict = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        let calls = |name: &str| {
+            info.get::<String>(name)
+                .and_then(|v| {
+                    v.split(',')
+                        .find_map(|f| f.strip_prefix("calls=").map(|n| n.parse::<i64>().unwrap()))
+                })
+                .unwrap_or(0)
+        };
+        calls("cmdstat_semaphore.release") + calls("cmdstat_semaphore.renew")
+    };
+    let before = releases(&mut c);
+    assert!(matches!(old.renew(), Err(Error::Lost(_))));
+    assert!(old.is_lost());
+    assert!(matches!(old.release(), Err(Error::Lost(_))));
+    assert_eq!(releases(&mut c), before, "the stale guard sent a command");
+    assert_eq!(
+        holders(&mut c, "kg"),
+        ["other".to_string(), owner.clone()],
+        "the stale guard's release dropped the new tenure's hold"
+    );
+    assert!(!new.is_lost());
+    assert_eq!(new.release().unwrap(), 0);
+    assert_eq!(holders(&mut c, "kg"), ["other".to_string()]);
+}
+
+#[test]
 fn waits_longer_than_the_margin_still_work() {
     // The margin bounds how late the answer may be, not the wait: BLOCK 0
     // and a BLOCK longer than the margin are served.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from contextvars import ContextVar
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import redis
@@ -61,6 +62,57 @@ class DeadlockError(LockError, redis.ResponseError):
         _, _, tail = message.partition("cycle:")
         #: The owners on the cycle: ``[me, ..., me]``.
         self.cycle: List[str] = [o.strip() for o in tail.split(" -> ")] if tail else []
+
+
+#: The pin generation of the last keepalive grant in this thread or task:
+#: (id of the pin, generation), read by the ``with`` block that asked for it.
+_GRANT: "ContextVar[Optional[Tuple[int, int]]]" = ContextVar("rlock_grant", default=None)
+#: The ``with`` blocks of keepalive lock objects open in this thread or task,
+#: innermost last: (id of the lock object, pin generation at acquisition).
+_BLOCKS: "ContextVar[Tuple[Tuple[int, Optional[int]], ...]]" = ContextVar(
+    "rlock_blocks", default=())
+
+
+def note_grant(pin: Any) -> None:
+    """Records that this thread or task was just granted a hold on ``pin``'s
+    current connection (its generation)."""
+    _GRANT.set((id(pin), pin.generation))
+
+
+def enter_block(lock: Any, pin: Any) -> None:
+    """A ``with`` block of ``lock`` starts after its acquisition in this
+    thread or task: it remembers the pin generation that acquisition was
+    granted in."""
+    grant = _GRANT.get()
+    _GRANT.set(None)
+    gen = grant[1] if grant is not None and grant[0] == id(pin) else None
+    _BLOCKS.set(_BLOCKS.get() + ((id(lock), gen),))
+
+
+def exit_block(lock: Any) -> Optional[int]:
+    """The innermost ``with`` block of ``lock`` in this thread or task ends:
+    the pin generation it was granted in (None when unknown)."""
+    blocks = _BLOCKS.get()
+    for i in range(len(blocks) - 1, -1, -1):
+        if blocks[i][0] == id(lock):
+            _BLOCKS.set(blocks[:i] + blocks[i + 1:])
+            return blocks[i][1]
+    return None
+
+
+def block_generation(lock: Any) -> Optional[int]:
+    """The pin generation of ``lock``'s innermost ``with`` block open in this
+    thread or task (None: none open, or unknown)."""
+    for lock_id, gen in reversed(_BLOCKS.get()):
+        if lock_id == id(lock):
+            return gen
+    return None
+
+
+def stale_message(prefix: str, key: Any) -> str:
+    return (
+        "%s %r: lock lost: the keepalive connection this hold was granted on failed "
+        "(and the server ended its holdings); nothing was sent" % (prefix, key))
 
 
 def is_deadlock(error: BaseException) -> bool:

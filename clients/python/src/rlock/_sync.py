@@ -26,6 +26,7 @@ from ._common import (
     NotAcquired,
     ServerTimeout,
     acquire_all,
+    block_generation,
     block_ms,
     check_lease,
     check_margin,
@@ -33,9 +34,12 @@ from ._common import (
     db_of,
     default_owner,
     drift_ms,
+    enter_block,
+    exit_block,
     is_deadlock,
     is_end_message,
     is_notowner,
+    note_grant,
     parse_info,
     quorum,
     release_all,
@@ -43,6 +47,7 @@ from ._common import (
     retry_wait,
     semaphore_acquire,
     semaphore_release,
+    stale_message,
     unlock_channel,
     wait_deadline,
 )
@@ -221,9 +226,14 @@ class _Pin:
     they go through the client and never wait behind a parked acquisition.
     If the connection fails (or a wait on it is abandoned), every holding
     bound to it is reported lost: once the server sees the connection close it
-    releases them. If the lock object is garbage-collected while holding, the
-    connection is closed (the server releases at once), as a renewal-thread
-    lock's lease would run out.
+    releases them. The pin's ``generation`` then goes up: a ``with`` block
+    granted in an earlier generation is stale (its hold ended, and a later
+    acquisition by another thread is a new tenure it must not release).
+
+    The pin refers to its users weakly, so a lock object dropped while
+    holding is freed at once (no reference cycle waits for the cycle
+    collector): the pin goes with it and its connection is closed (the server
+    releases at once), as a renewal-thread lock's lease would run out.
     """
 
     def __init__(self, client: "redis.Redis", margin: float) -> None:
@@ -235,15 +245,30 @@ class _Pin:
         #: Guards ``conn`` and ``busy`` between acquisitions and releases.
         self.state = threading.Lock()
         self.busy = 0
-        self.users: List["_LockBase"] = []
+        #: Goes up each time the connection is closed after a failure (which
+        #: ended every holding bound to it).
+        self.generation = 0
+        self._users: "weakref.WeakSet[_LockBase]" = weakref.WeakSet()
+        self._registered = 0
         self._lost: List[Tuple["_LockBase", str]] = []
         self._finalizer: Optional[weakref.finalize] = None
+
+    def add_user(self, user: "_LockBase") -> None:
+        self._users.add(user)
+        self._registered += 1
+
+    @property
+    def users(self) -> List["_LockBase"]:
+        return list(self._users)
 
     def _give_back(self, close: bool = False) -> None:
         conn, self.conn = self.conn, None
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
+        # A user dropped while holding may have left a holding bound to the
+        # connection: close it rather than let the pool reuse it.
+        close = close or len(self._users) < self._registered
         _drop_pinned(self.client.connection_pool, conn, close)
 
     def _idle(self) -> bool:
@@ -293,6 +318,7 @@ class _Pin:
             # Broken, timed out or interrupted mid-reply: _exchange closed the
             # connection, and closing it ends every holding bound to it.
             with self.state:
+                self.generation += 1
                 self._give_back(close=True)
             for user in self.users:
                 if user._holds > 0:
@@ -414,7 +440,7 @@ class _LockBase:
         self._pin: Optional[_Pin] = None
         if keepalive:
             self._pin = _pin or _Pin(client, self.wait_margin)
-            self._pin.users.append(self)
+            self._pin.add_user(self)
 
     # -- state -------------------------------------------------------------
 
@@ -466,8 +492,11 @@ class _LockBase:
             if self._pin is not None:
                 with self._pin.use() as call:
                     reply = call(args, block)
+                    if reply is None:
+                        return None
                     # Recorded inside the pin, so it is not given back.
-                    return None if reply is None else self._granted(reply)
+                    note_grant(self._pin)
+                    return self._granted(reply)
             if block is None:
                 reply = self.client.execute_command(*args)
             else:
@@ -557,7 +586,11 @@ class _LockBase:
 
     def renew(self) -> None:
         """Resets the lease now (the renewal thread does this every lease/3).
-        Raises LockLost when the server says this owner holds nothing."""
+        Raises LockLost when the server says this owner holds nothing, or
+        (keepalive) when called inside a ``with`` block whose hold ended with
+        its pinned connection (then nothing is sent: the owner may hold a
+        newer tenure that is not this block's)."""
+        self._check_block()
         try:
             self._send_renew()
         except redis.ResponseError as e:
@@ -565,6 +598,18 @@ class _LockBase:
                 self._mark_lost(str(e))
                 raise LockLost(str(e)) from e
             raise
+
+    def _stale_block(self) -> bool:
+        """Whether this thread's innermost ``with`` block of this keepalive
+        object was granted on a pinned connection that failed since."""
+        if self._pin is None:
+            return False
+        gen = block_generation(self)
+        return gen is not None and gen != self._pin.generation
+
+    def _check_block(self) -> None:
+        if self._stale_block():
+            raise LockLost(stale_message(self._family.prefix, self.key))
 
     def _send_renew(self) -> None:
         _renewal_client(self.client, self.lease_ms).execute_command(*self._renew_args())
@@ -651,12 +696,26 @@ class _LockBase:
             raise NotAcquired(
                 "%s %r not acquired within %ss" % (self._family.prefix, self.key, self.timeout)
             )
+        if self._pin is not None:
+            enter_block(self, self._pin)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Releases the hold. If the lock was lost meanwhile, raises LockLost
         (unless the block already raised): the work done under it was not
-        protected."""
+        protected.
+
+        A keepalive object shared by threads: when the pinned connection this
+        block's hold was granted on failed (an abandoned wait, a broken
+        connection), that hold ended on the server, and another thread may
+        hold a new tenure since; the block then sends nothing and raises
+        LockLost."""
+        if self._pin is not None:
+            gen = exit_block(self)
+            if gen is not None and gen != self._pin.generation:
+                if exc_type is None:
+                    raise LockLost(stale_message(self._family.prefix, self.key))
+                return
         was_lost = self.lost.is_set()
         try:
             if self._holds > 0:

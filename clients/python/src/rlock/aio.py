@@ -42,6 +42,7 @@ from ._common import (
     NotAcquired,
     ServerTimeout,
     acquire_all,
+    block_generation,
     block_ms,
     check_lease,
     check_margin,
@@ -49,9 +50,12 @@ from ._common import (
     db_of,
     default_owner,
     drift_ms,
+    enter_block,
+    exit_block,
     is_deadlock,
     is_end_message,
     is_notowner,
+    note_grant,
     parse_info,
     quorum,
     release_all,
@@ -59,6 +63,7 @@ from ._common import (
     retry_wait,
     semaphore_acquire,
     semaphore_release,
+    stale_message,
     wait_deadline,
 )
 from ._common import unlock_channel
@@ -126,18 +131,32 @@ async def _connection_for_wait(pool: Any, margin: float) -> Any:
             "the server did not answer the connection set-up in time (%r)" % e) from e
 
 
+async def _read_unbounded(conn: Any) -> Any:
+    """``conn``'s next reply, read without the connection's own
+    ``socket_timeout`` (the caller bounds the read): a connection of the
+    caller's pool (Sentinel, custom) keeps the pool's timeout, which may be
+    shorter than the wait."""
+    saved = conn.socket_timeout
+    conn.socket_timeout = None
+    try:
+        return await conn.read_response()
+    finally:
+        conn.socket_timeout = saved
+
+
 async def _exchange(conn: Any, args: List[Any], deadline: Optional[float]) -> Any:
     """Sends one command on ``conn`` and reads its reply by ``deadline``
-    (``loop.time()``; None: no limit). Anything but a reply (a timeout, a
-    broken connection, a cancellation) disconnects ``conn``: a late reply
-    would be read as the answer to the next command. A timeout raises
+    (``loop.time()``; None: no limit), whatever the connection's
+    ``socket_timeout``. Anything but a reply (a timeout, a broken
+    connection, a cancellation) disconnects ``conn``: a late reply would be
+    read as the answer to the next command. A timeout raises
     ServerTimeout."""
     try:
         await conn.send_command(*args)
         if deadline is None:
-            return await conn.read_response()
+            return await _read_unbounded(conn)
         left = max(0.001, deadline - asyncio.get_running_loop().time())
-        return await asyncio.wait_for(conn.read_response(), left)
+        return await asyncio.wait_for(_read_unbounded(conn), left)
     except redis.ResponseError:
         raise
     except BaseException as e:
@@ -197,6 +216,9 @@ class _AsyncPin:
         self.conn: Any = None
         self.mutex = asyncio.Lock()
         self.busy = 0
+        #: Goes up each time the connection is closed after a failure (which
+        #: ended every holding bound to it): see the sync _Pin.
+        self.generation = 0
         self.users: List["_AsyncLockBase"] = []
         self._lost: List[Tuple["_AsyncLockBase", str]] = []
 
@@ -261,6 +283,7 @@ class _AsyncPin:
                     user._holds = 0
                     user._token = None
                     self._lost.append((user, "its keepalive connection failed (%r)" % e))
+            self.generation += 1
             await self._give_back()
             raise
 
@@ -342,8 +365,11 @@ class _AsyncLockBase:
             if self._pin is not None:
                 async with self._pin.use() as call:
                     reply = await call(args, block)
+                    if reply is None:
+                        return None
                     # Recorded inside the pin, so it is not given back.
-                    return None if reply is None else self._granted(reply)
+                    note_grant(self._pin)
+                    return self._granted(reply)
             if block is None:
                 reply = await self.client.execute_command(*args)
             else:
@@ -361,16 +387,15 @@ class _AsyncLockBase:
         deadline = wait_deadline(asyncio.get_running_loop().time(), block, self.wait_margin)
         own = _blocking_client(self.client, self.wait_margin)
         if own is None:
-            # A pool that cannot be cloned (Sentinel, custom): the call as a
-            # whole is bounded, on the caller's client.
-            if deadline is None:
-                return await self.client.execute_command(*args)
-            left = max(0.001, deadline - asyncio.get_running_loop().time())
+            # A pool that cannot be cloned (Sentinel, custom): one of its
+            # connections, the reply read with the wait's own bound (not the
+            # pool's socket_timeout) and never resent.
+            pool = self.client.connection_pool
+            conn = await _connection_for_wait(pool, self.wait_margin)
             try:
-                return await asyncio.wait_for(self.client.execute_command(*args), left)
-            except asyncio.TimeoutError as e:
-                raise ServerTimeout(
-                    "the server did not answer %s in time" % args[0]) from e
+                return await _exchange(conn, args, deadline)
+            finally:
+                await _maybe_await(pool.release(conn))
         try:
             conn = await _connection_for_wait(own.connection_pool, self.wait_margin)
             try:
@@ -495,7 +520,13 @@ class _AsyncLockBase:
 
     async def renew(self) -> None:
         """Resets the lease now (the renewal task does this every lease/3);
-        raises LockLost when the server says this owner holds nothing."""
+        raises LockLost when the server says this owner holds nothing, or
+        (keepalive) inside an ``async with`` block whose hold ended with its
+        pinned connection (nothing is sent; see ``__aexit__``)."""
+        if self._pin is not None:
+            gen = block_generation(self)
+            if gen is not None and gen != self._pin.generation:
+                raise LockLost(stale_message(self._family.prefix, self.key))
         try:
             await self.client.execute_command(*self._renew_args())
         except redis.ResponseError as e:
@@ -544,9 +575,21 @@ class _AsyncLockBase:
         if token is None:
             raise NotAcquired(
                 "%s %r not acquired within %ss" % (self._family.prefix, self.key, self.timeout))
+        if self._pin is not None:
+            enter_block(self, self._pin)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Releases the hold; LockLost if it was lost meanwhile (unless the
+        block raised). A keepalive object shared by tasks: a block whose hold
+        was granted on a pinned connection that failed since sends nothing
+        (another task may hold a new tenure) and raises LockLost."""
+        if self._pin is not None:
+            gen = exit_block(self)
+            if gen is not None and gen != self._pin.generation:
+                if exc_type is None:
+                    raise LockLost(stale_message(self._family.prefix, self.key))
+                return
         was_lost = self.lost.is_set()
         try:
             if self._holds > 0:
