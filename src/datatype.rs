@@ -279,10 +279,14 @@ unsafe fn add_to_digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
 /// Redis frees a value whose effort is above its lazy-free threshold (64) on
 /// a background thread when it is removed lazily (`UNLINK`, `FLUSHALL ASYNC`,
 /// the `lazyfree-lazy-*` settings): a lock with 100,000 readers took 6 ms of
-/// the main thread to free. One unit per holder (its allocations).
+/// the main thread to free. One unit per holder (its allocations), and at
+/// least one: Redis reads 0 as "unknown, free it in the background", which
+/// would send every lock the engine deletes once empty (a release, a lease's
+/// end) to the background thread under `lazyfree-lazy-server-del` (Valkey's
+/// default).
 unsafe extern "C" fn free_effort(_key: *mut raw::RedisModuleString, value: *const c_void) -> usize {
     crate::ffi::contained("free effort", 1, || {
-        Stored::from_raw(value.cast_mut()).outline().holders
+        Stored::from_raw(value.cast_mut()).outline().holders.max(1)
     })
 }
 

@@ -266,16 +266,6 @@ fn twenty_thousand_keepalive_holdings_end_and_leave_nothing_behind() {
 fn a_lock_with_many_holders_is_freed_in_the_background_on_unlink() {
     let s = Server::start();
     let mut c = s.client();
-    let lazyfreed = |c: &mut Connection| -> i64 {
-        let info: String = cmd("INFO").arg("memory").query(c).unwrap();
-        let line = info
-            .lines()
-            .find_map(|l| l.strip_prefix("lazyfreed_objects:"));
-        line.expect("INFO memory has lazyfreed_objects")
-            .trim()
-            .parse()
-            .unwrap()
-    };
     let mut pipe = redis::pipe();
     for i in 0..1000 {
         pipe.cmd("RWLOCK.ACQUIRE")
@@ -293,4 +283,51 @@ fn a_lock_with_many_holders_is_freed_in_the_background_on_unlink() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(lazyfreed(&mut c), before + 1, "only the many-holder lock");
     assert_eq!(stat(&mut c, "locks"), 0);
+}
+
+/// Objects Redis has freed on its background thread (INFO memory).
+fn lazyfreed(c: &mut Connection) -> i64 {
+    let info: String = cmd("INFO").arg("memory").query(c).unwrap();
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix("lazyfreed_objects:"));
+    line.expect("INFO memory has lazyfreed_objects")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_lock_the_engine_deletes_once_empty_is_freed_at_once() {
+    // Under lazyfree-lazy-server-del (Valkey's default) Redis frees a value
+    // the module deletes in the background unless its free effort is small;
+    // an empty lock (released, forced, its lease over) must not count as
+    // unknown effort.
+    let s = Server::start();
+    let mut c = s.client();
+    let _: () = cmd("CONFIG")
+        .arg("SET")
+        .arg("lazyfree-lazy-server-del")
+        .arg("yes")
+        .query(&mut c)
+        .unwrap();
+    let before = lazyfreed(&mut c);
+    int(&mut c, &["RLOCK.ACQUIRE", "released", "a"]);
+    int(&mut c, &["RLOCK.RELEASE", "released", "a"]);
+    int(&mut c, &["RWLOCK.ACQUIRE", "forced", "READ", "a"]);
+    int(&mut c, &["RWLOCK.ACQUIRE", "forced", "READ", "b"]);
+    int(&mut c, &["RWLOCK.FORCERELEASE", "forced"]);
+    int(
+        &mut c,
+        &["SEMAPHORE.ACQUIRE", "leased", "a", "LIMIT", "2", "PX", "50"],
+    );
+    int(
+        &mut c,
+        &["SEMAPHORE.ACQUIRE", "leased", "b", "LIMIT", "2", "PX", "60"],
+    );
+    wait_until(Duration::from_secs(5), || {
+        int(&mut c, &["EXISTS", "leased"]) == 0
+    });
+    assert_eq!(stat(&mut c, "locks"), 0, "freed when deleted");
+    assert_eq!(lazyfreed(&mut c), before, "none freed in the background");
 }
