@@ -64,6 +64,8 @@ struct Record {
     keepalive: Option<(u64, i64)>,
     /// When it was parked (unix ms), for deadlock detection.
     parked_at: i64,
+    /// Its owner, to find it in `by_owner` when it leaves.
+    owner: Owner,
 }
 
 /// How often withheld hand-overs re-check whether the master accepts writes.
@@ -79,7 +81,11 @@ struct Registry {
     /// (BLOCK deadline, waiter id) of every parked waiter with a timeout.
     deadlines: BTreeSet<(i64, u64)>,
     /// (parked at, waiter id) of the waiters deadlock detection has not checked.
-    unchecked: BTreeSet<(i64, u64)>,
+    unchecked: BTreeSet<Unchecked>,
+    /// owner -> its parked waiters: deadlock detection follows an owner's
+    /// waits from the owners waiting for it. Usually one id; an owner with
+    /// none left has no entry.
+    by_owner: HashMap<Owner, Vec<u64>>,
     /// Keys whose hand-over waits for the master to accept writes again.
     withheld: HashSet<(i32, Vec<u8>)>,
     /// Multi-key waiters first in the queue of a key that could be theirs:
@@ -95,6 +101,12 @@ impl Registry {
         let rec = self.records.remove(&id)?;
         self.deadlines.remove(&(rec.deadline, id));
         self.unchecked.remove(&(rec.parked_at, id));
+        if let Some(ids) = self.by_owner.get_mut(&rec.owner) {
+            ids.retain(|w| *w != id);
+            if ids.is_empty() {
+                self.by_owner.remove(&rec.owner);
+            }
+        }
         Some(rec)
     }
 
@@ -102,6 +114,9 @@ impl Registry {
     fn release_spare_capacity(&mut self) {
         if self.records.is_empty() && self.records.capacity() > 64 {
             self.records.shrink_to_fit();
+        }
+        if self.by_owner.is_empty() && self.by_owner.capacity() > 64 {
+            self.by_owner = HashMap::new();
         }
         if !any_queued() && self.queues.values().all(|q| q.is_empty()) && self.queues.capacity() > 8
         {
@@ -263,11 +278,18 @@ pub fn park(
         }
     }
     let parked_at = now_ms();
+    // Queued on each of its keys just before it parks, under its owner.
+    let owner = keys
+        .first()
+        .and_then(|key| with_queue(db, key, |q| q.get(id).map(|w| w.owner.clone())))
+        .flatten()
+        .unwrap_or_else(|| Owner::new(b""));
     with(|r| {
         if deadline != 0 {
             r.deadlines.insert((deadline, id));
         }
         r.unchecked.insert((parked_at, id));
+        r.by_owner.entry(owner.clone()).or_default().push(id);
         r.records.insert(
             id,
             Record {
@@ -278,6 +300,7 @@ pub fn park(
                 deadline,
                 keepalive,
                 parked_at,
+                owner,
             },
         )
     });
@@ -326,42 +349,77 @@ pub fn withhold(db: i32, key: &[u8]) {
     }
 }
 
-/// Waiters parked at or before `parked_before` that deadlock detection has
-/// not checked yet; they count as checked from now on.
-pub fn take_unchecked(parked_before: i64) -> Vec<u64> {
+/// A waiter deadlock detection has not checked yet: (parked at, id).
+pub type Unchecked = (i64, u64);
+
+/// The waiter parked last of those parked at or before `parked_before` that
+/// deadlock detection has not checked. The newest first: its waits reach
+/// the most of a long queue, whose older waiters are then checked for free.
+pub fn newest_unchecked(parked_before: i64) -> Option<Unchecked> {
     with(|r| {
-        let mut ids = Vec::new();
-        while let Some(&(at, id)) = r.unchecked.first() {
-            if at > parked_before {
-                break;
-            }
-            r.unchecked.pop_first();
-            ids.push(id);
-        }
-        ids
+        r.unchecked
+            .range(..=(parked_before, u64::MAX))
+            .next_back()
+            .copied()
     })
 }
 
-/// One key's queue as deadlock detection sees it: (id, owner) in order.
-pub struct QueuedKey {
-    pub db: i32,
-    pub key: Vec<u8>,
-    pub waiters: Vec<(u64, Vec<u8>)>,
+/// Deadlock detection checks it now: it counts as checked from now on.
+pub fn take_unchecked(waiter: Unchecked) {
+    with(|r| r.unchecked.remove(&waiter));
 }
 
-/// Every lock queue's waiters in order (semaphores' queues are left out).
-pub fn queued_waiters() -> Vec<QueuedKey> {
+/// Its check was put off: checked again later, if it is still parked.
+pub fn put_back_unchecked(waiter: Unchecked) {
     with(|r| {
-        r.queues
-            .iter()
-            .flat_map(|(db, qs)| {
-                // A semaphore's waiter needs only some holders to return
-                // permits: no wait-for edge says it waits for one of them.
-                let locks = qs.iter().filter(|(_, q)| q.kind() != Kind::Semaphore);
-                locks.map(move |(key, q)| QueuedKey {
-                    db: *db,
-                    key: key.clone(),
-                    waiters: q.waiters().map(|w| (w.id, w.owner.to_vec())).collect(),
+        if r.records.contains_key(&waiter.1) {
+            r.unchecked.insert(waiter);
+        }
+    });
+}
+
+/// The owner of a parked waiter.
+pub fn owner_of(id: u64) -> Option<Vec<u8>> {
+    with(|r| r.records.get(&id).map(|rec| rec.owner.to_vec()))
+}
+
+/// A key a parked waiter is queued on, as deadlock detection sees it: the
+/// owner of the waiter just ahead of it (None: it is first).
+pub struct QueuedOn {
+    pub key: Vec<u8>,
+    pub ahead: Option<Vec<u8>>,
+}
+
+/// One parked wait of an owner and the lock queues it is in.
+pub struct ParkedWait {
+    pub id: u64,
+    pub db: i32,
+    pub on: Vec<QueuedOn>,
+}
+
+/// The parked waits of an owner. Semaphores' queues are left out: a
+/// semaphore's waiter needs only some holders to return permits, so no
+/// wait-for edge says it waits for one of them.
+pub fn parked_waits(owner: &[u8]) -> Vec<ParkedWait> {
+    with(|r| {
+        let Some(ids) = r.by_owner.get(owner) else {
+            return Vec::new();
+        };
+        ids.iter()
+            .filter_map(|&id| {
+                let rec = r.records.get(&id)?;
+                let queues = r.queues.get(&rec.db)?;
+                let on = rec.keys.iter().filter_map(|key| {
+                    let q = queues.get(key)?;
+                    (q.kind() != Kind::Semaphore && q.get(id).is_some()).then(|| QueuedOn {
+                        key: key.clone(),
+                        ahead: q.ahead_of(id).map(|w| w.owner.to_vec()),
+                    })
+                });
+                Some(ParkedWait {
+                    id,
+                    db: rec.db,
+                    on: on.collect(),
                 })
             })
             .collect()

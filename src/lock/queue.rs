@@ -135,6 +135,12 @@ impl WaitQueue {
         self.entries.keys().next().copied()
     }
 
+    /// The waiter just ahead of `id` (None if `id` is first): the one it
+    /// directly waits for (deadlock detection).
+    pub fn ahead_of(&self, id: u64) -> Option<&Waiter> {
+        self.entries.range(..id).next_back().map(|(_, w)| w)
+    }
+
     pub fn waiters(&self) -> impl Iterator<Item = &Waiter> {
         self.entries.values()
     }
@@ -224,6 +230,18 @@ mod tests {
                 | Served::TimedOut { id } => *id,
             })
             .collect()
+    }
+
+    #[test]
+    fn the_waiter_ahead_is_the_previous_arrival_still_queued() {
+        let mut q = WaitQueue::new(Kind::Reentrant);
+        for (id, owner) in [(3, "a"), (5, "b"), (9, "c")] {
+            q.push(waiter(id, owner, Mode::Write));
+        }
+        assert_eq!(q.ahead_of(3), None);
+        assert_eq!(q.ahead_of(9).map(|w| w.id), Some(5));
+        q.remove(5);
+        assert_eq!(q.ahead_of(9).map(|w| &*w.owner), Some(&b"a"[..]));
     }
 
     #[test]
