@@ -383,11 +383,23 @@ pub fn owner_of(id: u64) -> Option<Vec<u8>> {
     with(|r| r.records.get(&id).map(|rec| rec.owner.to_vec()))
 }
 
-/// A key a parked waiter is queued on, as deadlock detection sees it: the
-/// owner of the waiter just ahead of it (None: it is first).
+/// A key a parked waiter is queued on, as deadlock detection sees it.
 pub struct QueuedOn {
     pub key: Vec<u8>,
-    pub ahead: Option<Vec<u8>>,
+    /// The waiters ahead of it, nearest first, as far as their owners wait
+    /// nowhere else: a long queue is read in one go, not one owner at a
+    /// time. Empty: it is first.
+    pub ahead: Vec<Ahead>,
+}
+
+/// A waiter ahead in a queue.
+pub struct Ahead {
+    pub id: u64,
+    pub owner: Vec<u8>,
+    /// Its owner's only parked wait is this one, on this key alone: the
+    /// waiter ahead of it (next in `ahead`) is all it waits for. The last
+    /// entry of `ahead` is either not sole or first in the queue.
+    pub sole: bool,
 }
 
 /// One parked wait of an owner and the lock queues it is in.
@@ -413,7 +425,7 @@ pub fn parked_waits(owner: &[u8]) -> Vec<ParkedWait> {
                     let q = queues.get(key)?;
                     (q.kind() != Kind::Semaphore && q.get(id).is_some()).then(|| QueuedOn {
                         key: key.clone(),
-                        ahead: q.ahead_of(id).map(|w| w.owner.to_vec()),
+                        ahead: r.ahead_run(q, id),
                     })
                 });
                 Some(ParkedWait {
@@ -424,6 +436,31 @@ pub fn parked_waits(owner: &[u8]) -> Vec<ParkedWait> {
             })
             .collect()
     })
+}
+
+impl Registry {
+    /// The waiters ahead of `id` in `q`, nearest first, up to the first
+    /// whose owner also waits elsewhere (see `QueuedOn::ahead`).
+    fn ahead_run(&self, q: &WaitQueue, id: u64) -> Vec<Ahead> {
+        let mut run = Vec::new();
+        for w in q.waiters_ahead_of(id) {
+            let sole = match self.by_owner.get(&w.owner).map(Vec::as_slice) {
+                Some([only]) => {
+                    *only == w.id && self.records.get(only).is_some_and(|r| r.keys.len() == 1)
+                }
+                _ => false,
+            };
+            run.push(Ahead {
+                id: w.id,
+                owner: w.owner.to_vec(),
+                sole,
+            });
+            if !sole {
+                break;
+            }
+        }
+        run
+    }
 }
 
 /// A multi-key waiter that a key's queue found ready for it, if any.

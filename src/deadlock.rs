@@ -26,10 +26,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::blocking::{self, Unchecked};
+use crate::blocking::{self, Ahead, Unchecked};
 use crate::config;
 use crate::ffi::{now_ms, select_db, Ctx, Key, OwnedStr};
-use crate::lock::{direct_waits, Cycle, WaitFor, Waits};
+use crate::lock::{direct_waits, Cycle, OwnerWaits, WaitFor};
 use crate::stats;
 use crate::store::lock_at;
 
@@ -178,30 +178,44 @@ fn message(cycle: &Cycle) -> String {
 }
 
 /// The parked waits of `owner` and whom each waits for (`direct_waits` on
-/// each of its keys).
+/// each of its keys); with them, those of the owners met ahead in its
+/// queues that wait nowhere else.
 fn waits_of(
     ctx: *mut Ctx,
     now: i64,
     holders: &mut HashMap<(i32, Vec<u8>), Vec<Vec<u8>>>,
     on_held_keys: &mut HashSet<u64>,
     owner: &[u8],
-) -> Vec<Waits> {
-    let mut out = Vec::new();
+) -> Vec<OwnerWaits> {
+    let mut own = Vec::new();
+    let mut others = Vec::new();
     for wait in blocking::parked_waits(owner) {
         let mut to: Vec<Vec<u8>> = Vec::new();
         for on in wait.on {
             let held_by = holders
                 .entry((wait.db, on.key))
                 .or_insert_with_key(|(db, key)| holders_of(ctx, *db, key, now));
-            if held_by.iter().any(|h| h == owner) {
-                on_held_keys.insert(wait.id);
+            let mut waits = |id: u64, owner: &[u8], ahead: Option<&Ahead>| {
+                if held_by.iter().any(|h| h == owner) {
+                    on_held_keys.insert(id);
+                }
+                let ahead = ahead.map(|a| a.owner.as_slice());
+                direct_waits(owner, ahead, held_by)
+                    .into_iter()
+                    .map(<[u8]>::to_vec)
+                    .collect::<Vec<_>>()
+            };
+            to.extend(waits(wait.id, owner, on.ahead.first()));
+            for (i, a) in on.ahead.iter().enumerate().take_while(|(_, a)| a.sole) {
+                let to = waits(a.id, &a.owner, on.ahead.get(i + 1));
+                others.push((a.owner.clone(), vec![(a.id, to)]));
             }
-            let waits = direct_waits(owner, on.ahead.as_deref(), held_by);
-            to.extend(waits.into_iter().map(<[u8]>::to_vec));
         }
-        out.push((wait.id, to));
+        own.push((wait.id, to));
     }
-    out
+    others.push((owner.to_vec(), own));
+    others.reverse();
+    others
 }
 
 /// Owners of the live holds of a lock key.

@@ -135,10 +135,10 @@ impl WaitQueue {
         self.entries.keys().next().copied()
     }
 
-    /// The waiter just ahead of `id` (None if `id` is first): the one it
+    /// The waiters ahead of `id`, nearest first: the first is the one it
     /// directly waits for (deadlock detection).
-    pub fn ahead_of(&self, id: u64) -> Option<&Waiter> {
-        self.entries.range(..id).next_back().map(|(_, w)| w)
+    pub fn waiters_ahead_of(&self, id: u64) -> impl Iterator<Item = &Waiter> {
+        self.entries.range(..id).rev().map(|(_, w)| w)
     }
 
     pub fn waiters(&self) -> impl Iterator<Item = &Waiter> {
@@ -238,10 +238,14 @@ mod tests {
         for (id, owner) in [(3, "a"), (5, "b"), (9, "c")] {
             q.push(waiter(id, owner, Mode::Write));
         }
-        assert_eq!(q.ahead_of(3), None);
-        assert_eq!(q.ahead_of(9).map(|w| w.id), Some(5));
+        let ahead = |q: &WaitQueue, id| q.waiters_ahead_of(id).map(|w| w.id).collect::<Vec<_>>();
+        assert!(ahead(&q, 3).is_empty());
+        assert_eq!(ahead(&q, 9), [5, 3]);
         q.remove(5);
-        assert_eq!(q.ahead_of(9).map(|w| &*w.owner), Some(&b"a"[..]));
+        assert_eq!(
+            q.waiters_ahead_of(9).next().map(|w| &*w.owner),
+            Some(&b"a"[..])
+        );
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub fn direct_waits<'a>(
 /// One parked waiter of an owner and the owners it waits for.
 pub type Waits = (u64, Vec<Vec<u8>>);
 
+/// An owner and every one of its parked waits.
+pub type OwnerWaits = (Vec<u8>, Vec<Waits>);
+
 /// Owners are numbered as they first appear (nodes), so that edges, the
 /// search and the components work on numbers: a check that builds the graph
 /// of a long queue hashes and copies each owner once, not at every step.
@@ -76,8 +79,18 @@ impl WaitFor {
     /// Waiter `waiter` of `from` waits for each of `to` (self-waits are
     /// ignored). A waiter's waits are added in one call.
     pub fn add<'a>(&mut self, waiter: u64, from: &[u8], to: impl IntoIterator<Item = &'a [u8]>) {
-        self.components = OnceCell::new();
         let from_node = self.node(from);
+        self.add_at(from_node, waiter, from, to);
+    }
+
+    fn add_at<'a>(
+        &mut self,
+        from_node: usize,
+        waiter: u64,
+        from: &[u8],
+        to: impl IntoIterator<Item = &'a [u8]>,
+    ) {
+        self.components = OnceCell::new();
         let first = self.edges[from_node].len();
         for to in to {
             if to != from {
@@ -102,21 +115,29 @@ impl WaitFor {
     }
 
     /// Adds the parked waits of `owner` and of every owner they lead to, as
-    /// far as they go (`waits_of` gives an owner's waits). Owners already
-    /// expanded are not asked again.
-    pub fn grow(&mut self, owner: &[u8], waits_of: &mut dyn FnMut(&[u8]) -> Vec<Waits>) {
+    /// far as they go. `waits_of(o)` gives every wait of `o`, and may give
+    /// those of other owners too (a long queue is read in one go: the owners
+    /// ahead that wait nowhere else). Owners described are not asked again.
+    pub fn grow(&mut self, owner: &[u8], waits_of: &mut dyn FnMut(&[u8]) -> Vec<OwnerWaits>) {
         let mut todo = vec![self.node(owner)];
         while let Some(n) = todo.pop() {
-            if std::mem::replace(&mut self.expanded[n], true) {
+            if self.expanded[n] {
                 continue;
             }
             let name = self.names[n].clone();
-            for (waiter, to) in waits_of(&name) {
-                let first = self.edges[n].len();
-                self.add(waiter, &name, to.iter().map(Vec::as_slice));
-                let reached = self.edges[n][first..].iter().map(|(to, _)| *to);
-                todo.extend(reached.filter(|to| !self.expanded[*to]));
+            for (described, waits) in waits_of(&name) {
+                let from = self.node(&described);
+                if std::mem::replace(&mut self.expanded[from], true) {
+                    continue;
+                }
+                for (waiter, to) in waits {
+                    let first = self.edges[from].len();
+                    self.add_at(from, waiter, &described, to.iter().map(Vec::as_slice));
+                    let reached = self.edges[from][first..].iter().map(|(to, _)| *to);
+                    todo.extend(reached.filter(|to| !self.expanded[*to]));
+                }
             }
+            self.expanded[n] = true;
         }
     }
 
@@ -270,10 +291,13 @@ mod tests {
                 .push((id, to));
         }
 
-        fn waits_of(&mut self) -> impl FnMut(&[u8]) -> Vec<Waits> + '_ {
+        fn waits_of(&mut self) -> impl FnMut(&[u8]) -> Vec<OwnerWaits> + '_ {
             |owner| {
                 self.asked += 1;
-                self.waits.get(owner).cloned().unwrap_or_default()
+                vec![(
+                    owner.to_vec(),
+                    self.waits.get(owner).cloned().unwrap_or_default(),
+                )]
             }
         }
     }
@@ -384,6 +408,29 @@ mod tests {
         assert!((1..=n).all(|id| g.has(id)));
         assert_eq!(server.asked as u64, n + 1);
         assert!((1..=n).all(|id| g.cycle_through(id).is_none()));
+    }
+
+    #[test]
+    fn owners_described_along_with_another_are_not_asked_again() {
+        // Asked for w3, the source also describes w2 and w1 (a queue read in
+        // one go): only w3 and the holder are asked.
+        let mut asked = Vec::new();
+        let mut g = WaitFor::default();
+        g.grow(b"w3", &mut |owner| {
+            asked.push(owner.to_vec());
+            let waits = |id: u64, to: &str| vec![(id, vec![to.as_bytes().to_vec()])];
+            match owner {
+                b"w3" => vec![
+                    (b"w3".to_vec(), waits(3, "w2")),
+                    (b"w2".to_vec(), waits(2, "w1")),
+                    (b"w1".to_vec(), waits(1, "holder")),
+                ],
+                _ => vec![(owner.to_vec(), Vec::new())],
+            }
+        });
+        assert_eq!(asked, [b"w3".to_vec(), b"holder".to_vec()]);
+        assert!((1..=3).all(|id| g.has(id)));
+        assert_eq!(g.cycle_through(1), None);
     }
 
     #[test]
