@@ -21,6 +21,12 @@
 //! A waiter already in the slice's graph (reached from a newer one, e.g. in
 //! the same queue) costs nothing to add, so a long queue is checked in the
 //! slice that builds it, not rebuilt once per slice.
+//!
+//! What one waiter's check needs is never cut: the last waiter of a long
+//! queue reaches the whole queue, ~2 µs a waiter (~40 ms for 19,000, README
+//! "Deadlock detection"), where 15,000 waiters on as many keys, which cost a
+//! 30-70 ms stall per pass when the whole graph was built, now cost ~1 ms
+//! per tick.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
