@@ -32,6 +32,7 @@
 //! removes it (the waiters are then told to retry).
 
 use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,7 +40,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use redis_module::raw::{self, RedisModuleBlockedClient};
 
 use crate::ffi::{api, bytes, now_ms, send, Ctx, RStr, Reply, OK};
-use crate::lock::{Delta, Kind, LockState, Mode, Owner, Served, WaitQueue, Waiter};
+use crate::lock::{Ahead, Delta, Kind, LockState, Mode, Owner, Served, WaitQueue, Waiter};
 use crate::stats;
 
 enum Status {
@@ -68,6 +69,45 @@ struct Record {
     owner: Owner,
 }
 
+/// The parked waiters of one owner (`Registry::by_owner`): nearly always
+/// one, kept in the map's own slot, so that reading a long queue's owners
+/// for deadlock detection costs one lookup each, not two.
+enum OwnerParked {
+    /// One waiter, and whether it waits for a single key.
+    One {
+        id: u64,
+        single_key: bool,
+    },
+    Many(Vec<u64>),
+}
+
+impl OwnerParked {
+    fn add(&mut self, id: u64) {
+        match self {
+            OwnerParked::One { id: first, .. } => *self = OwnerParked::Many(vec![*first, id]),
+            OwnerParked::Many(ids) => ids.push(id),
+        }
+    }
+
+    /// Takes `id` out: whether none is left.
+    fn remove(&mut self, id: u64) -> bool {
+        match self {
+            OwnerParked::One { id: only, .. } => *only == id,
+            OwnerParked::Many(ids) => {
+                ids.retain(|w| *w != id);
+                ids.is_empty()
+            }
+        }
+    }
+
+    fn ids(&self) -> &[u64] {
+        match self {
+            OwnerParked::One { id, .. } => std::slice::from_ref(id),
+            OwnerParked::Many(ids) => ids,
+        }
+    }
+}
+
 /// How often withheld hand-overs re-check whether the master accepts writes.
 const RETRY_MS: i64 = 50;
 /// Longest single wait of the timer (a BLOCK of days re-arms hourly).
@@ -85,7 +125,7 @@ struct Registry {
     /// owner -> its parked waiters: deadlock detection follows an owner's
     /// waits from the owners waiting for it. Usually one id; an owner with
     /// none left has no entry.
-    by_owner: HashMap<Owner, Vec<u64>>,
+    by_owner: HashMap<Owner, OwnerParked>,
     /// Keys whose hand-over waits for the master to accept writes again.
     withheld: HashSet<(i32, Vec<u8>)>,
     /// Multi-key waiters first in the queue of a key that could be theirs:
@@ -101,9 +141,8 @@ impl Registry {
         let rec = self.records.remove(&id)?;
         self.deadlines.remove(&(rec.deadline, id));
         self.unchecked.remove(&(rec.parked_at, id));
-        if let Some(ids) = self.by_owner.get_mut(&rec.owner) {
-            ids.retain(|w| *w != id);
-            if ids.is_empty() {
+        if let Some(parked) = self.by_owner.get_mut(&rec.owner) {
+            if parked.remove(id) {
                 self.by_owner.remove(&rec.owner);
             }
         }
@@ -289,7 +328,13 @@ pub fn park(
             r.deadlines.insert((deadline, id));
         }
         r.unchecked.insert((parked_at, id));
-        r.by_owner.entry(owner.clone()).or_default().push(id);
+        let single_key = keys.len() == 1;
+        match r.by_owner.entry(owner.clone()) {
+            Entry::Occupied(mut e) => e.get_mut().add(id),
+            Entry::Vacant(e) => {
+                e.insert(OwnerParked::One { id, single_key });
+            }
+        }
         r.records.insert(
             id,
             Record {
@@ -364,9 +409,17 @@ pub fn newest_unchecked(parked_before: i64) -> Option<Unchecked> {
     })
 }
 
-/// Deadlock detection checks it now: it counts as checked from now on.
-pub fn take_unchecked(waiter: Unchecked) {
-    with(|r| r.unchecked.remove(&waiter));
+/// Takes the waiter `newest_unchecked` would give: deadlock detection
+/// checks it now, and it counts as checked from now on.
+pub fn take_newest_unchecked(parked_before: i64) -> Option<Unchecked> {
+    with(|r| {
+        let newest = *r
+            .unchecked
+            .range(..=(parked_before, u64::MAX))
+            .next_back()?;
+        r.unchecked.remove(&newest);
+        Some(newest)
+    })
 }
 
 /// Its check was put off: checked again later, if it is still parked.
@@ -379,8 +432,8 @@ pub fn put_back_unchecked(waiter: Unchecked) {
 }
 
 /// The owner of a parked waiter.
-pub fn owner_of(id: u64) -> Option<Vec<u8>> {
-    with(|r| r.records.get(&id).map(|rec| rec.owner.to_vec()))
+pub fn owner_of(id: u64) -> Option<Owner> {
+    with(|r| r.records.get(&id).map(|rec| rec.owner.clone()))
 }
 
 /// A key a parked waiter is queued on, as deadlock detection sees it.
@@ -390,16 +443,6 @@ pub struct QueuedOn {
     /// nowhere else: a long queue is read in one go, not one owner at a
     /// time. Empty: it is first.
     pub ahead: Vec<Ahead>,
-}
-
-/// A waiter ahead in a queue.
-pub struct Ahead {
-    pub id: u64,
-    pub owner: Vec<u8>,
-    /// Its owner's only parked wait is this one, on this key alone: the
-    /// waiter ahead of it (next in `ahead`) is all it waits for. The last
-    /// entry of `ahead` is either not sole or first in the queue.
-    pub sole: bool,
 }
 
 /// One parked wait of an owner and the lock queues it is in.
@@ -414,10 +457,12 @@ pub struct ParkedWait {
 /// wait-for edge says it waits for one of them.
 pub fn parked_waits(owner: &[u8]) -> Vec<ParkedWait> {
     with(|r| {
-        let Some(ids) = r.by_owner.get(owner) else {
+        let Some(parked) = r.by_owner.get(owner) else {
             return Vec::new();
         };
-        ids.iter()
+        parked
+            .ids()
+            .iter()
             .filter_map(|&id| {
                 let rec = r.records.get(&id)?;
                 let queues = r.queues.get(&rec.db)?;
@@ -444,15 +489,13 @@ impl Registry {
     fn ahead_run(&self, q: &WaitQueue, id: u64) -> Vec<Ahead> {
         let mut run = Vec::new();
         for w in q.waiters_ahead_of(id) {
-            let sole = match self.by_owner.get(&w.owner).map(Vec::as_slice) {
-                Some([only]) => {
-                    *only == w.id && self.records.get(only).is_some_and(|r| r.keys.len() == 1)
-                }
-                _ => false,
-            };
+            let sole = matches!(
+                self.by_owner.get(&w.owner),
+                Some(&OwnerParked::One { id, single_key: true }) if id == w.id
+            );
             run.push(Ahead {
                 id: w.id,
-                owner: w.owner.to_vec(),
+                owner: w.owner.clone(),
                 sole,
             });
             if !sole {

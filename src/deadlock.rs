@@ -32,10 +32,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::blocking::{self, Ahead, Unchecked};
+use crate::blocking::{self, Unchecked};
 use crate::config;
 use crate::ffi::{now_ms, select_db, Ctx, Key, OwnedStr};
-use crate::lock::{direct_waits, Cycle, OwnerWaits, WaitFor};
+use crate::lock::{Cycle, Node, Owner, WaitFor};
 use crate::stats;
 use crate::store::lock_at;
 
@@ -91,12 +91,12 @@ fn check_slice(ctx: *mut Ctx, now: i64, cutoff: i64) {
     let started = Instant::now();
     let mut slice = Slice::new(ctx, now);
     let mut due = Vec::new();
-    while let Some(waiter) = blocking::newest_unchecked(cutoff) {
+    while let Some(waiter) = blocking::take_newest_unchecked(cutoff) {
         let in_graph = slice.graph.has(waiter.1);
         if !in_graph && !due.is_empty() && started.elapsed() >= SLICE_BUDGET {
+            blocking::put_back_unchecked(waiter);
             break;
         }
-        blocking::take_unchecked(waiter);
         if !in_graph {
             slice.grow_from(waiter.1);
         }
@@ -110,8 +110,9 @@ struct Slice {
     ctx: *mut Ctx,
     now: i64,
     graph: WaitFor,
-    /// (db, key) -> owners of its live holds, each key opened once.
-    holders: HashMap<(i32, Vec<u8>), Vec<Vec<u8>>>,
+    /// (db, key) -> nodes of the owners of its live holds, each key opened
+    /// once.
+    holders: HashMap<(i32, Vec<u8>), Vec<Node>>,
     /// Waiters queued on a key their owner holds (they have no edge there).
     on_held_keys: HashSet<u64>,
 }
@@ -139,8 +140,9 @@ impl Slice {
             holders,
             on_held_keys,
         } = self;
-        graph.grow(&owner, &mut |owner| {
-            waits_of(*ctx, *now, holders, on_held_keys, owner)
+        let mut to = Vec::new();
+        graph.grow(&owner, &mut |graph, node| {
+            expand(*ctx, *now, graph, holders, on_held_keys, node, &mut to)
         });
     }
 
@@ -155,7 +157,7 @@ impl Slice {
     /// waiter behind it now waits for the holders or the one ahead, which it
     /// did not reach through the victim, so the rest of the slice waits.
     fn answer_cycles(&self, due: Vec<Unchecked>) {
-        let mut changed: HashSet<usize> = HashSet::new();
+        let mut changed: HashSet<u32> = HashSet::new();
         let mut all_changed = false;
         for waiter in due {
             let component = self.graph.component_of(waiter.1);
@@ -183,49 +185,49 @@ fn message(cycle: &Cycle) -> String {
     format!("DEADLOCK wait-for cycle: {}", owners.join(" -> "))
 }
 
-/// The parked waits of `owner` and whom each waits for (`direct_waits` on
-/// each of its keys); with them, those of the owners met ahead in its
-/// queues that wait nowhere else.
-fn waits_of(
+/// Adds the parked waits of `node`'s owner, each to whom it waits for on
+/// each of its keys (`direct_waits`), and with them those of the owners met
+/// ahead in its queues that wait nowhere else (`WaitFor::queue_run`).
+fn expand(
     ctx: *mut Ctx,
     now: i64,
-    holders: &mut HashMap<(i32, Vec<u8>), Vec<Vec<u8>>>,
+    graph: &mut WaitFor,
+    holders: &mut HashMap<(i32, Vec<u8>), Vec<Node>>,
     on_held_keys: &mut HashSet<u64>,
-    owner: &[u8],
-) -> Vec<OwnerWaits> {
-    let mut own = Vec::new();
-    let mut others = Vec::new();
-    for wait in blocking::parked_waits(owner) {
-        let mut to: Vec<Vec<u8>> = Vec::new();
+    node: Node,
+    to: &mut Vec<Node>,
+) {
+    if !graph.describe(node) {
+        return;
+    }
+    let owner = graph.name(node).clone();
+    for wait in blocking::parked_waits(&owner) {
+        // Its own waits first, in one call: a waiter's edges are together.
+        to.clear();
+        let mut keys = Vec::with_capacity(wait.on.len());
         for on in wait.on {
             let held_by = holders
                 .entry((wait.db, on.key))
-                .or_insert_with_key(|(db, key)| holders_of(ctx, *db, key, now));
-            let mut waits = |id: u64, owner: &[u8], ahead: Option<&Ahead>| {
-                if held_by.iter().any(|h| h == owner) {
-                    on_held_keys.insert(id);
-                }
-                let ahead = ahead.map(|a| a.owner.as_slice());
-                direct_waits(owner, ahead, held_by)
-                    .into_iter()
-                    .map(<[u8]>::to_vec)
-                    .collect::<Vec<_>>()
-            };
-            to.extend(waits(wait.id, owner, on.ahead.first()));
-            for (i, a) in on.ahead.iter().enumerate().take_while(|(_, a)| a.sole) {
-                let to = waits(a.id, &a.owner, on.ahead.get(i + 1));
-                others.push((a.owner.clone(), vec![(a.id, to)]));
+                .or_insert_with_key(|(db, key)| {
+                    let owners = holders_of(ctx, *db, key, now);
+                    owners.iter().map(|h| graph.node(h)).collect()
+                });
+            if graph.waits_on_key(node, &on.ahead, held_by, to) {
+                on_held_keys.insert(wait.id);
             }
+            keys.push((on.ahead, held_by.clone()));
         }
-        own.push((wait.id, to));
+        graph.wait(node, wait.id, to);
+        for (ahead, held_by) in keys {
+            graph.queue_run(&ahead, &held_by, &mut |id| {
+                on_held_keys.insert(id);
+            });
+        }
     }
-    others.push((owner.to_vec(), own));
-    others.reverse();
-    others
 }
 
 /// Owners of the live holds of a lock key.
-fn holders_of(ctx: *mut Ctx, db: i32, key: &[u8], now: i64) -> Vec<Vec<u8>> {
+fn holders_of(ctx: *mut Ctx, db: i32, key: &[u8], now: i64) -> Vec<Owner> {
     if !select_db(ctx, db) {
         return Vec::new();
     }
@@ -235,7 +237,7 @@ fn holders_of(ctx: *mut Ctx, db: i32, key: &[u8], now: i64) -> Vec<Vec<u8>> {
         Ok(Some(v)) => unsafe { v.state() }
             .iter()
             .filter(|h| h.deadline >= now)
-            .map(|h| h.owner.to_vec())
+            .map(|h| Owner::new(&h.owner))
             .collect(),
         _ => Vec::new(),
     }

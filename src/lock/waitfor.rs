@@ -13,6 +13,11 @@
 //! entirely inside what that wait reaches. Nodes reached are expanded once,
 //! so growing from many waiters of one long queue costs the queue once.
 //!
+//! A long queue is thousands of nodes per check, so a node costs as little as
+//! possible: each owner is interned once (one hash, the name kept once, no
+//! other copy), edges are numbers in one flat array (a per-node linked list,
+//! no allocation per node or per wait), and a waiter's edges are found by id.
+//!
 //! Many waiters come due at once (a long queue parked together): each check
 //! must not walk the whole graph. The strongly connected components are
 //! computed once (Tarjan, O(V + E)); a wait lies on a cycle only if both its
@@ -22,30 +27,63 @@
 
 use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
-use std::ops::Range;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::Owner;
 
 /// The owners a waiter waits for on one key: none if its owner holds the key
 /// (a multi-key waiter is granted such a key at once), else the holders if it
 /// is first in the queue, else the owner of the waiter just ahead of it.
-pub fn direct_waits<'a>(
-    owner: &[u8],
-    ahead: Option<&'a [u8]>,
-    holders: &'a [Vec<u8>],
-) -> Vec<&'a [u8]> {
-    if holders.iter().any(|h| h.as_slice() == owner) {
-        return Vec::new();
+pub fn direct_waits<'a, T: PartialEq>(
+    owner: &T,
+    ahead: Option<&'a T>,
+    holders: &'a [T],
+) -> &'a [T] {
+    if holders.contains(owner) {
+        return &[];
     }
     match ahead {
-        None => holders.iter().map(Vec::as_slice).collect(),
-        Some(ahead) => vec![ahead],
+        None => holders,
+        Some(ahead) => std::slice::from_ref(ahead),
     }
 }
 
-/// One parked waiter of an owner and the owners it waits for.
-pub type Waits = (u64, Vec<Vec<u8>>);
+/// A node: an owner, numbered as it first appears.
+pub type Node = u32;
 
-/// An owner and every one of its parked waits.
-pub type OwnerWaits = (Vec<u8>, Vec<Waits>);
+/// No edge (end of a node's list).
+const NONE: u32 = u32::MAX;
+
+/// One wait-for edge, in the list of its owner's edges.
+#[derive(Debug, Clone, Copy)]
+struct Edge {
+    to: Node,
+    /// The next edge of the same owner, or `NONE`.
+    next: u32,
+    /// The waiter whose wait it is.
+    waiter: u64,
+}
+
+/// Waiter ids are the server's own counter, not client input: hashed by a
+/// multiply, not SipHash.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, id: u64) {
+        self.0 = (id ^ (id >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type ById<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
 /// Owners are numbered as they first appear (nodes), so that edges, the
 /// search and the components work on numbers: a check that builds the graph
@@ -53,17 +91,21 @@ pub type OwnerWaits = (Vec<u8>, Vec<Waits>);
 #[derive(Default, Debug)]
 pub struct WaitFor {
     /// node -> owner name
-    names: Vec<Vec<u8>>,
+    names: Vec<Owner>,
     /// owner name -> node
-    nodes: HashMap<Vec<u8>, usize>,
-    /// node -> (node it waits for, the waiter whose wait it is)
-    edges: Vec<Vec<(usize, u64)>>,
+    nodes: HashMap<Owner, Node>,
+    /// node -> its first edge (`edges` index), or `NONE`
+    first: Vec<u32>,
+    /// every edge; a waiter's edges are contiguous
+    edges: Vec<Edge>,
     /// node -> whether every parked wait of its owner has been added
     expanded: Vec<bool>,
-    /// waiter id -> its owner's node and its edges there (`edges[node][range]`)
-    waits: HashMap<u64, (usize, Range<usize>)>,
+    /// waiter id -> its owner's node and its edges (`edges[start..end]`)
+    waits: ById<(Node, u32, u32)>,
+    /// Nodes reached and not expanded yet (`grow`).
+    pending: Vec<Node>,
     /// node -> its strongly connected component, computed on first use.
-    components: OnceCell<Vec<usize>>,
+    components: OnceCell<Vec<u32>>,
 }
 
 /// A cycle through a waiter: the waiter to answer (the one on the cycle that
@@ -72,72 +114,89 @@ pub struct WaitFor {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Cycle {
     pub victim: u64,
-    pub owners: Vec<Vec<u8>>,
+    pub owners: Vec<Owner>,
 }
 
 impl WaitFor {
     /// Waiter `waiter` of `from` waits for each of `to` (self-waits are
     /// ignored). A waiter's waits are added in one call.
     pub fn add<'a>(&mut self, waiter: u64, from: &[u8], to: impl IntoIterator<Item = &'a [u8]>) {
-        let from_node = self.node(from);
-        self.add_at(from_node, waiter, from, to);
+        let from = self.node(from);
+        let to: Vec<Node> = to.into_iter().map(|t| self.node(t)).collect();
+        let pending = self.pending.len();
+        self.wait(from, waiter, &to);
+        self.pending.truncate(pending);
     }
 
-    fn add_at<'a>(
-        &mut self,
-        from_node: usize,
-        waiter: u64,
-        from: &[u8],
-        to: impl IntoIterator<Item = &'a [u8]>,
-    ) {
-        self.components = OnceCell::new();
-        let first = self.edges[from_node].len();
-        for to in to {
-            if to != from {
-                let to_node = self.node(to);
-                self.edges[from_node].push((to_node, waiter));
-            }
-        }
-        let range = first..self.edges[from_node].len();
-        self.waits.entry(waiter).or_insert((from_node, range));
-    }
-
-    fn node(&mut self, owner: &[u8]) -> usize {
+    /// The node of `owner`, numbered now if it is new.
+    pub fn node(&mut self, owner: &[u8]) -> Node {
         if let Some(&n) = self.nodes.get(owner) {
             return n;
         }
-        let n = self.names.len();
-        self.names.push(owner.to_vec());
-        self.nodes.insert(owner.to_vec(), n);
-        self.edges.push(Vec::new());
+        let n = self.names.len() as Node;
+        let owner = Owner::new(owner);
+        self.names.push(owner.clone());
+        self.nodes.insert(owner, n);
+        self.first.push(NONE);
         self.expanded.push(false);
         n
     }
 
+    fn reserve(&mut self, nodes: usize) {
+        self.names.reserve(nodes);
+        self.nodes.reserve(nodes);
+        self.first.reserve(nodes);
+        self.expanded.reserve(nodes);
+        self.edges.reserve(nodes);
+        self.waits.reserve(nodes);
+        self.pending.reserve(nodes);
+    }
+
+    /// The owner of a node.
+    pub fn name(&self, node: Node) -> &Owner {
+        &self.names[node as usize]
+    }
+
+    /// Starts describing `node`'s waits: false if they were described
+    /// already (then they must not be added again). The caller adds every
+    /// parked wait of its owner (`wait`) before the graph is used.
+    pub fn describe(&mut self, node: Node) -> bool {
+        !std::mem::replace(&mut self.expanded[node as usize], true)
+    }
+
+    /// Waiter `waiter` of `from` waits for each of `to` (self-waits are
+    /// ignored); the nodes it reaches are expanded next by `grow`. A
+    /// waiter's waits are added in one call.
+    pub fn wait(&mut self, from: Node, waiter: u64, to: &[Node]) {
+        self.components = OnceCell::new();
+        let start = self.edges.len() as u32;
+        for &to in to {
+            if to != from {
+                let next =
+                    std::mem::replace(&mut self.first[from as usize], self.edges.len() as u32);
+                self.edges.push(Edge { to, next, waiter });
+                if !self.expanded[to as usize] {
+                    self.pending.push(to);
+                }
+            }
+        }
+        let end = self.edges.len() as u32;
+        self.waits.entry(waiter).or_insert((from, start, end));
+    }
+
     /// Adds the parked waits of `owner` and of every owner they lead to, as
-    /// far as they go. `waits_of(o)` gives every wait of `o`, and may give
-    /// those of other owners too (a long queue is read in one go: the owners
-    /// ahead that wait nowhere else). Owners described are not asked again.
-    pub fn grow(&mut self, owner: &[u8], waits_of: &mut dyn FnMut(&[u8]) -> Vec<OwnerWaits>) {
-        let mut todo = vec![self.node(owner)];
-        while let Some(n) = todo.pop() {
-            if self.expanded[n] {
-                continue;
+    /// far as they go. `expand(graph, node)` must `describe` the node and
+    /// add every wait of its owner; it may describe other owners too (a long
+    /// queue is read in one go: the owners ahead that wait nowhere else).
+    /// Owners described are not expanded again.
+    pub fn grow(&mut self, owner: &[u8], expand: &mut dyn FnMut(&mut WaitFor, Node)) {
+        let start = self.node(owner);
+        self.pending.push(start);
+        while let Some(n) = self.pending.pop() {
+            if !self.expanded[n as usize] {
+                expand(self, n);
+                self.expanded[n as usize] = true;
             }
-            let name = self.names[n].clone();
-            for (described, waits) in waits_of(&name) {
-                let from = self.node(&described);
-                if std::mem::replace(&mut self.expanded[from], true) {
-                    continue;
-                }
-                for (waiter, to) in waits {
-                    let first = self.edges[from].len();
-                    self.add_at(from, waiter, &described, to.iter().map(Vec::as_slice));
-                    let reached = self.edges[from][first..].iter().map(|(to, _)| *to);
-                    todo.extend(reached.filter(|to| !self.expanded[*to]));
-                }
-            }
-            self.expanded[n] = true;
         }
     }
 
@@ -146,40 +205,59 @@ impl WaitFor {
         self.waits.contains_key(&waiter)
     }
 
-    /// The strongly connected component `waiter`'s owner is in: a cycle
-    /// through any wait lies inside one component.
-    pub fn component_of(&self, waiter: u64) -> Option<usize> {
-        let (node, _) = self.waits.get(&waiter)?;
-        Some(self.components()[*node])
+    /// Nodes in the graph.
+    pub fn len(&self) -> usize {
+        self.names.len()
     }
 
-    fn components(&self) -> &[usize] {
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The strongly connected component `waiter`'s owner is in: a cycle
+    /// through any wait lies inside one component.
+    pub fn component_of(&self, waiter: u64) -> Option<u32> {
+        let (node, _, _) = self.waits.get(&waiter)?;
+        Some(self.components()[*node as usize])
+    }
+
+    fn components(&self) -> &[u32] {
         self.components.get_or_init(|| self.strong_components())
+    }
+
+    /// The edges of `node`, newest first.
+    fn edges_of(&self, node: Node) -> impl Iterator<Item = &Edge> {
+        let mut at = self.first[node as usize];
+        std::iter::from_fn(move || {
+            let e = self.edges.get(at as usize)?;
+            at = e.next;
+            Some(e)
+        })
     }
 
     /// A cycle that one of `waiter`'s own waits is part of, if any.
     pub fn cycle_through(&self, waiter: u64) -> Option<Cycle> {
-        let (start, range) = self.waits.get(&waiter)?.clone();
+        let &(start, from, to) = self.waits.get(&waiter)?;
         let comp = self.components();
-        let home = comp[start];
-        let mut firsts = self.edges[start][range]
+        let home = comp[start as usize];
+        let mut firsts = self.edges[from as usize..to as usize]
             .iter()
-            .filter(|(to, _)| comp[*to] == home)
+            .filter(|e| comp[e.to as usize] == home)
             .peekable();
         firsts.peek()?;
         let mut seen = HashSet::new();
-        for &(next, _) in firsts {
-            // Depth-first search from `next` back to `start`, iteratively.
-            let mut path: Vec<(usize, u64)> = vec![(start, waiter)];
-            let mut stack: Vec<(usize, u64, usize)> = vec![(next, waiter, path.len())];
+        for e in firsts {
+            // Depth-first search from `e.to` back to `start`, iteratively.
+            let mut path: Vec<(Node, u64)> = vec![(start, waiter)];
+            let mut stack: Vec<(Node, u64, usize)> = vec![(e.to, waiter, path.len())];
             while let Some((node, via, depth)) = stack.pop() {
                 path.truncate(depth);
                 if node == start {
                     let victim = path.iter().map(|(_, w)| *w).chain([via]).max()?;
-                    let mut owners: Vec<Vec<u8>> =
-                        path.iter().map(|(n, _)| self.names[*n].clone()).collect();
-                    owners.push(self.names[start].clone());
-                    let first = &self.names[self.waits.get(&victim)?.0];
+                    let mut owners: Vec<Owner> =
+                        path.iter().map(|(n, _)| self.name(*n).clone()).collect();
+                    owners.push(self.name(start).clone());
+                    let first = self.name(self.waits.get(&victim)?.0);
                     return Some(Cycle {
                         victim,
                         owners: rotate_to(owners, first),
@@ -189,9 +267,9 @@ impl WaitFor {
                     continue;
                 }
                 path.push((node, via));
-                for &(to, w) in &self.edges[node] {
-                    if comp[to] == home {
-                        stack.push((to, w, path.len()));
+                for e in self.edges_of(node) {
+                    if comp[e.to as usize] == home {
+                        stack.push((e.to, e.waiter, path.len()));
                     }
                 }
             }
@@ -200,43 +278,112 @@ impl WaitFor {
     }
 }
 
+/// A waiter ahead in a queue, as deadlock detection reads it.
+#[derive(Debug, Clone)]
+pub struct Ahead {
+    pub id: u64,
+    pub owner: Owner,
+    /// Its owner's only parked wait is this one, on this key alone: the
+    /// waiter ahead of it is all it waits for there.
+    pub sole: bool,
+}
+
+impl WaitFor {
+    /// The waits of a waiter's owner `from` (waiter `id`) on one key, whose
+    /// holders are `holders` and where `ahead` are the waiters ahead of it,
+    /// nearest first: added to `to` (see `direct_waits`). Returns whether
+    /// its owner holds the key (it has no wait there).
+    pub fn waits_on_key(
+        &mut self,
+        from: Node,
+        ahead: &[Ahead],
+        holders: &[Node],
+        to: &mut Vec<Node>,
+    ) -> bool {
+        let ahead = ahead.first().map(|a| self.node(&a.owner));
+        to.extend_from_slice(direct_waits(&from, ahead.as_ref(), holders));
+        holders.contains(&from)
+    }
+
+    /// Describes the owners of the sole waiters at the front of `ahead`
+    /// (the waiters ahead of one waiter in a queue, nearest first): each
+    /// waits for the next one, the last of the queue for `holders`. A long
+    /// queue is read in one go, each owner interned once. `on_held(id)` is
+    /// told of a waiter whose owner holds the key (it has no wait there).
+    pub fn queue_run(&mut self, ahead: &[Ahead], holders: &[Node], on_held: &mut dyn FnMut(u64)) {
+        let Some(nearest) = ahead.first() else {
+            return;
+        };
+        // Room for the whole run at once, not grown (and rehashed) in steps.
+        let run = ahead.iter().take_while(|a| a.sole).count() + 1;
+        self.reserve(run);
+        let mut node = self.node(&nearest.owner);
+        for (i, a) in ahead.iter().enumerate() {
+            if !a.sole {
+                break;
+            }
+            let next = ahead.get(i + 1).map(|b| self.node(&b.owner));
+            if self.describe(node) {
+                if holders.contains(&node) {
+                    on_held(a.id);
+                }
+                let to = direct_waits(&node, next.as_ref(), holders);
+                self.wait(node, a.id, to);
+            }
+            match next {
+                Some(next) => node = next,
+                None => break,
+            }
+        }
+    }
+}
+
 impl WaitFor {
     /// Tarjan's algorithm, iterative: node -> component number.
-    fn strong_components(&self) -> Vec<usize> {
+    fn strong_components(&self) -> Vec<u32> {
         let n = self.names.len();
-        let (mut index, mut low, mut comp) = (vec![usize::MAX; n], vec![0; n], vec![usize::MAX; n]);
-        let (mut on_stack, mut stack, mut next, mut comps) = (vec![false; n], Vec::new(), 0, 0);
-        for root in 0..n {
-            if index[root] != usize::MAX {
+        const UNSEEN: u32 = u32::MAX;
+        let (mut index, mut low, mut comp) = (vec![UNSEEN; n], vec![0u32; n], vec![UNSEEN; n]);
+        let (mut on_stack, mut stack, mut next, mut comps) =
+            (vec![false; n], Vec::new(), 0u32, 0u32);
+        // (node, next edge to look at)
+        let mut work: Vec<(Node, u32)> = Vec::new();
+        macro_rules! visit {
+            ($v:expr) => {{
+                let v: Node = $v;
+                index[v as usize] = next;
+                low[v as usize] = next;
+                next += 1;
+                stack.push(v);
+                on_stack[v as usize] = true;
+                work.push((v, self.first[v as usize]));
+            }};
+        }
+        for root in 0..n as Node {
+            if index[root as usize] != UNSEEN {
                 continue;
             }
-            // (node, next successor to look at)
-            let mut work = vec![(root, 0usize)];
-            while let Some(&mut (v, ref mut i)) = work.last_mut() {
-                if *i == 0 {
-                    index[v] = next;
-                    low[v] = next;
-                    next += 1;
-                    stack.push(v);
-                    on_stack[v] = true;
-                }
-                if let Some(&(w, _)) = self.edges[v].get(*i) {
-                    *i += 1;
-                    if index[w] == usize::MAX {
-                        work.push((w, 0));
+            visit!(root);
+            while let Some(&mut (v, ref mut at)) = work.last_mut() {
+                let vi = v as usize;
+                if let Some(e) = self.edges.get(*at as usize) {
+                    *at = e.next;
+                    let w = e.to as usize;
+                    if index[w] == UNSEEN {
+                        visit!(e.to);
                     } else if on_stack[w] {
-                        low[v] = low[v].min(index[w]);
+                        low[vi] = low[vi].min(index[w]);
                     }
                     continue;
                 }
                 work.pop();
                 if let Some(&(parent, _)) = work.last() {
-                    low[parent] = low[parent].min(low[v]);
+                    low[parent as usize] = low[parent as usize].min(low[vi]);
                 }
-                if low[v] == index[v] {
+                if low[vi] == index[vi] {
                     while let Some(w) = stack.pop() {
-                        on_stack[w] = false;
-                        comp[w] = comps;
+                        on_stack[w as usize] = false;
+                        comp[w as usize] = comps;
                         if w == v {
                             break;
                         }
@@ -250,7 +397,7 @@ impl WaitFor {
 }
 
 /// `owners` is a closed walk (first == last); starts it at `first`.
-fn rotate_to(mut owners: Vec<Vec<u8>>, first: &[u8]) -> Vec<Vec<u8>> {
+fn rotate_to(mut owners: Vec<Owner>, first: &Owner) -> Vec<Owner> {
     owners.pop();
     if let Some(i) = owners.iter().position(|o| o == first) {
         owners.rotate_left(i);
@@ -275,6 +422,9 @@ mod tests {
         g.add(id, from.as_bytes(), [to.as_bytes()]);
     }
 
+    /// One parked waiter and the owners it waits for.
+    type Waits = (u64, Vec<Vec<u8>>);
+
     /// A server's parked waits by owner, for `grow`; counts the owners asked.
     #[derive(Default)]
     struct Server {
@@ -291,13 +441,15 @@ mod tests {
                 .push((id, to));
         }
 
-        fn waits_of(&mut self) -> impl FnMut(&[u8]) -> Vec<OwnerWaits> + '_ {
-            |owner| {
+        fn expand(&mut self) -> impl FnMut(&mut WaitFor, Node) + '_ {
+            |g, node| {
                 self.asked += 1;
-                vec![(
-                    owner.to_vec(),
-                    self.waits.get(owner).cloned().unwrap_or_default(),
-                )]
+                assert!(g.describe(node));
+                let owner = g.name(node).to_vec();
+                for (id, to) in self.waits.get(&owner).into_iter().flatten() {
+                    let to: Vec<Node> = to.iter().map(|t| g.node(t)).collect();
+                    g.wait(node, *id, &to);
+                }
             }
         }
     }
@@ -346,15 +498,15 @@ mod tests {
 
     #[test]
     fn direct_waits_follow_the_queue_and_skip_keys_the_owner_holds() {
-        let holders = vec![b"h1".to_vec(), b"h2".to_vec()];
+        let holders = ["h1", "h2"];
         // First in the queue: every holder; behind someone: that one only.
-        assert_eq!(direct_waits(b"w", None, &holders), [b"h1", b"h2"]);
-        assert_eq!(direct_waits(b"w", Some(b"x"), &holders), [b"x"]);
+        assert_eq!(direct_waits(&"w", None, &holders), ["h1", "h2"]);
+        assert_eq!(direct_waits(&"w", Some(&"x"), &holders), ["x"]);
         // Its owner holds the key (a multi-key waiter): no wait there.
-        assert!(direct_waits(b"h2", Some(b"x"), &holders).is_empty());
-        assert!(direct_waits(b"h1", None, &holders).is_empty());
+        assert!(direct_waits(&"h2", Some(&"x"), &holders).is_empty());
+        assert!(direct_waits(&"h1", None, &holders).is_empty());
         // A free key's first waiter waits for nobody.
-        assert!(direct_waits(b"w", None, &[]).is_empty());
+        assert!(direct_waits(&"w", None, &[]).is_empty());
     }
 
     #[test]
@@ -369,7 +521,7 @@ mod tests {
         // d waits for a: growing from d reaches the first cycle, not the other.
         server.wait(6, "d", &["a"]);
         let mut g = WaitFor::default();
-        g.grow(b"d", &mut server.waits_of());
+        g.grow(b"d", &mut server.expand());
         assert!([1, 2, 3, 6].iter().all(|w| g.has(*w)));
         assert!(!g.has(4) && !g.has(5), "x and y are not reached");
         assert_eq!(server.asked, 5, "d, a, b, c and h, once each");
@@ -386,9 +538,9 @@ mod tests {
             )
         );
         // Growing again from an owner already in the graph asks nobody.
-        g.grow(b"b", &mut server.waits_of());
+        g.grow(b"b", &mut server.expand());
         assert_eq!(server.asked, 5);
-        g.grow(b"x", &mut server.waits_of());
+        g.grow(b"x", &mut server.expand());
         assert_eq!(g.cycle_through(4).unwrap().victim, 5);
         assert_ne!(g.component_of(4), g.component_of(1));
     }
@@ -404,7 +556,7 @@ mod tests {
             server.wait(id, &format!("w{id}"), &[&format!("w{}", id - 1)]);
         }
         let mut g = WaitFor::default();
-        g.grow(format!("w{n}").as_bytes(), &mut server.waits_of());
+        g.grow(format!("w{n}").as_bytes(), &mut server.expand());
         assert!((1..=n).all(|id| g.has(id)));
         assert_eq!(server.asked as u64, n + 1);
         assert!((1..=n).all(|id| g.cycle_through(id).is_none()));
@@ -416,16 +568,16 @@ mod tests {
         // one go): only w3 and the holder are asked.
         let mut asked = Vec::new();
         let mut g = WaitFor::default();
-        g.grow(b"w3", &mut |owner| {
-            asked.push(owner.to_vec());
-            let waits = |id: u64, to: &str| vec![(id, vec![to.as_bytes().to_vec()])];
-            match owner {
-                b"w3" => vec![
-                    (b"w3".to_vec(), waits(3, "w2")),
-                    (b"w2".to_vec(), waits(2, "w1")),
-                    (b"w1".to_vec(), waits(1, "holder")),
-                ],
-                _ => vec![(owner.to_vec(), Vec::new())],
+        g.grow(b"w3", &mut |g, node| {
+            asked.push(g.name(node).to_vec());
+            assert!(g.describe(node));
+            if g.name(node)[..] == b"w3"[..] {
+                let [w1, w2, holder] = ["w1", "w2", "holder"].map(|o| g.node(o.as_bytes()));
+                g.wait(node, 3, &[w2]);
+                for (from, id, to) in [(w2, 2, w1), (w1, 1, holder)] {
+                    assert!(g.describe(from));
+                    g.wait(from, id, &[to]);
+                }
             }
         });
         assert_eq!(asked, [b"w3".to_vec(), b"holder".to_vec()]);
@@ -465,5 +617,165 @@ mod tests {
             .filter(|id| *id != 7)
             .all(|id| g.cycle_through(id).is_none()));
         assert_eq!(g.cycle_through(7).unwrap().victim, n + 1);
+    }
+
+    /// A key's holders and its waiters in order.
+    type Queue = (Vec<&'static str>, Vec<(u64, &'static str)>);
+
+    /// Lock queues as deadlock detection reads them: key -> (holders,
+    /// waiters in order), and each owner's parked waits (id, keys).
+    #[derive(Default)]
+    struct Queues {
+        keys: HashMap<&'static str, Queue>,
+        waits: HashMap<&'static str, Vec<(u64, Vec<&'static str>)>>,
+        asked: Vec<String>,
+    }
+
+    impl Queues {
+        fn hold(&mut self, key: &'static str, owner: &'static str) {
+            self.keys.entry(key).or_default().0.push(owner);
+        }
+
+        fn park(&mut self, id: u64, owner: &'static str, keys: &[&'static str]) {
+            for key in keys {
+                self.keys.entry(key).or_default().1.push((id, owner));
+            }
+            self.waits
+                .entry(owner)
+                .or_default()
+                .push((id, keys.to_vec()));
+        }
+
+        fn sole(&self, id: u64, owner: &str) -> bool {
+            matches!(self.waits.get(owner).map(Vec::as_slice), Some([(only, keys)]) if *only == id && keys.len() == 1)
+        }
+
+        /// What `deadlock::expand` does, on these queues.
+        fn expand(&mut self) -> impl FnMut(&mut WaitFor, Node) + '_ {
+            |g, node| {
+                assert!(g.describe(node));
+                let owner = String::from_utf8(g.name(node).to_vec()).unwrap();
+                self.asked.push(owner.clone());
+                for (id, keys) in self.waits.get(owner.as_str()).cloned().unwrap_or_default() {
+                    let mut to = Vec::new();
+                    let mut runs = Vec::new();
+                    for key in keys {
+                        let (holders, queue) = &self.keys[key];
+                        let holders: Vec<Node> =
+                            holders.iter().map(|h| g.node(h.as_bytes())).collect();
+                        let at = queue.iter().position(|(w, _)| *w == id).unwrap();
+                        let mut ahead = Vec::new();
+                        for &(id, owner) in queue[..at].iter().rev() {
+                            let sole = self.sole(id, owner);
+                            ahead.push(Ahead {
+                                id,
+                                owner: Owner::new(owner.as_bytes()),
+                                sole,
+                            });
+                            if !sole {
+                                break;
+                            }
+                        }
+                        g.waits_on_key(node, &ahead, &holders, &mut to);
+                        runs.push((ahead, holders));
+                    }
+                    g.wait(node, id, &to);
+                    for (ahead, holders) in runs {
+                        g.queue_run(&ahead, &holders, &mut |_| {});
+                    }
+                }
+            }
+        }
+    }
+
+    fn strings(owners: &[&str]) -> Vec<String> {
+        owners.iter().map(|o| o.to_string()).collect()
+    }
+
+    #[test]
+    fn a_queue_of_owners_waiting_nowhere_else_is_read_in_one_go() {
+        let mut q = Queues::default();
+        q.hold("k", "h");
+        for (id, owner) in [(1, "w1"), (2, "w2"), (3, "w3"), (4, "w4"), (5, "w5")] {
+            q.park(id, owner, &["k"]);
+        }
+        let mut g = WaitFor::default();
+        g.grow(b"w5", &mut q.expand());
+        // w5 is asked, then the holder; w4..w1 come with w5's queue.
+        assert_eq!(q.asked, ["w5", "h"]);
+        assert_eq!(g.len(), 6, "each owner interned once");
+        assert!((1..=5).all(|id| g.has(id) && g.cycle_through(id).is_none()));
+        // Each waits for the one just ahead, the first for the holder.
+        let first = g.node(b"w1");
+        let h = g.node(b"h");
+        assert_eq!(
+            g.edges_of(first)
+                .map(|e| (e.to, e.waiter))
+                .collect::<Vec<_>>(),
+            [(h, 1)]
+        );
+    }
+
+    #[test]
+    fn a_cycle_through_an_owner_read_along_with_a_queue() {
+        // w3, read with w5's queue, also holds "l", which the holder of "k"
+        // waits for: h -> w3 -> w2 -> w1 -> h. w4 and w5 wait on it, on
+        // no cycle.
+        let mut q = Queues::default();
+        q.hold("k", "h");
+        q.hold("l", "w3");
+        for (id, owner) in [(1, "w1"), (2, "w2"), (3, "w3"), (4, "w4"), (5, "w5")] {
+            q.park(id, owner, &["k"]);
+        }
+        q.park(10, "h", &["l"]);
+        let mut g = WaitFor::default();
+        g.grow(b"w5", &mut q.expand());
+        assert_eq!(q.asked, ["w5", "h"], "w3 is not read again");
+        assert_eq!(g.cycle_through(5), None);
+        assert_eq!(g.cycle_through(4), None);
+        let cycle = ["h", "w3", "w2", "w1", "h"];
+        for id in [3, 2, 1, 10] {
+            let c = g.cycle_through(id).unwrap();
+            assert_eq!((c.victim, names(&c)), (10, strings(&cycle)), "waiter {id}");
+        }
+        assert_ne!(g.component_of(4), g.component_of(3));
+        // The same, growing from the holder first: w3's queue is then read
+        // from w3 (the first owner met), and w5's later from w5.
+        let mut q2 = Queues::default();
+        std::mem::swap(&mut q2.keys, &mut q.keys);
+        std::mem::swap(&mut q2.waits, &mut q.waits);
+        let mut g = WaitFor::default();
+        g.grow(b"h", &mut q2.expand());
+        assert_eq!(q2.asked, ["h", "w3"]);
+        assert!(!g.has(4) && !g.has(5));
+        g.grow(b"w5", &mut q2.expand());
+        assert!(g.has(4) && g.has(5));
+        assert_eq!(g.cycle_through(5), None);
+        let c = g.cycle_through(2).unwrap();
+        assert_eq!((c.victim, names(&c)), (10, strings(&cycle)));
+    }
+
+    #[test]
+    fn a_multi_key_waiter_ends_a_queue_read_and_has_no_wait_on_a_key_it_holds() {
+        // m waits for "k" (behind w1) and "l", which it holds: its only wait
+        // is for w1. w2 and w3 are read with w3's queue up to m, which is
+        // asked on its own; m -> w1 -> h and h waits for w3: a cycle.
+        let mut q = Queues::default();
+        q.hold("k", "h");
+        q.hold("l", "m");
+        q.park(1, "w1", &["k"]);
+        q.park(2, "m", &["k", "l"]);
+        q.park(3, "w2", &["k"]);
+        q.park(4, "w3", &["k"]);
+        q.park(5, "h", &["x"]);
+        q.hold("x", "w3");
+        let mut g = WaitFor::default();
+        g.grow(b"w3", &mut q.expand());
+        assert_eq!(q.asked, ["w3", "m", "h"], "w1 comes with m's queue");
+        let c = g.cycle_through(4).unwrap();
+        assert_eq!(
+            (c.victim, names(&c)),
+            (5, strings(&["h", "w3", "w2", "m", "w1", "h"]))
+        );
     }
 }
