@@ -436,6 +436,18 @@ pub fn owner_of(id: u64) -> Option<Owner> {
     with(|r| r.records.get(&id).map(|rec| rec.owner.clone()))
 }
 
+/// The owner's only parked waiter, if it has one and it waits for a single
+/// key.
+pub fn sole_wait(owner: &[u8]) -> Option<u64> {
+    with(|r| match r.by_owner.get(owner) {
+        Some(&OwnerParked::One {
+            id,
+            single_key: true,
+        }) => Some(id),
+        _ => None,
+    })
+}
+
 /// A key a parked waiter is queued on, as deadlock detection sees it.
 pub struct QueuedOn {
     pub key: Vec<u8>,

@@ -201,6 +201,10 @@ fn expand(
         return;
     }
     let owner = graph.name(node).clone();
+    // A member of a queue's run read earlier needs no reading again.
+    if blocking::sole_wait(&owner).is_some_and(|id| graph.materialize(node, id)) {
+        return;
+    }
     for wait in blocking::parked_waits(&owner) {
         // Its own waits first, in one call: a waiter's edges are together.
         to.clear();
@@ -219,9 +223,7 @@ fn expand(
         }
         graph.wait(node, wait.id, to);
         for (ahead, held_by) in keys {
-            graph.queue_run(&ahead, &held_by, &mut |id| {
-                on_held_keys.insert(id);
-            });
+            graph.queue_run(ahead, &held_by);
         }
     }
 }
