@@ -23,10 +23,15 @@
 //! slice that builds it, not rebuilt once per slice.
 //!
 //! What one waiter's check needs is never cut: the last waiter of a long
-//! queue reaches the whole queue, ~2 µs a waiter (~40 ms for 19,000, README
-//! "Deadlock detection"), where 15,000 waiters on as many keys, which cost a
-//! 30-70 ms stall per pass when the whole graph was built, now cost ~1 ms
-//! per tick.
+//! queue reaches the whole queue. Such a queue is cheap, though: the owners
+//! in it that wait nowhere else are read in one go (`blocking::parked_waits`)
+//! and contracted into one run (`WaitFor::queue_run`), of which only a few
+//! members become nodes, so the whole queue costs its reading (one lookup
+//! per waiter). Measured (README "Deadlock detection"): 19,000 waiters in
+//! one queue take ~10-14 ms per pass, the check of each waiter included
+//! (~5-8 ms of it reading the queue; the whole-graph pass took 16-31 ms);
+//! 15,000 waiters on as many keys, which cost a 30-70 ms stall per pass when
+//! the whole graph was built, cost ~1 ms per tick.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};

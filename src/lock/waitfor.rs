@@ -18,6 +18,19 @@
 //! other copy), edges are numbers in one flat array (a per-node linked list,
 //! no allocation per node or per wait), and a waiter's edges are found by id.
 //!
+//! A long queue is mostly owners that wait nowhere else ("sole" waiters):
+//! each one's only edge is to the one ahead. Such a stretch is contracted
+//! (`queue_run`, `Run`): only its front, the member the reader waits for,
+//! and members some other wait reaches (their owner holds another key) are
+//! nodes, each with one edge to the next such member ahead, standing for
+//! the members in between. A member that is no node has only the edge to the
+//! one ahead and only the one behind waits for it, so its wait is on a cycle
+//! exactly when the nodes around it are in one component; a cycle's message
+//! lists the members its edges stand for, and the victim is unchanged (the
+//! members skipped are ahead in the queue, lower ids than the edge's own).
+//! A member some wait reaches later becomes a node then (`materialize`),
+//! splitting the edge that stood for it.
+//!
 //! Many waiters come due at once (a long queue parked together): each check
 //! must not walk the whole graph. The strongly connected components are
 //! computed once (Tarjan, O(V + E)); a wait lies on a cycle only if both its
