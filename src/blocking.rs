@@ -495,6 +495,16 @@ pub fn parked_waits(owner: &[u8]) -> Vec<ParkedWait> {
     })
 }
 
+/// The waiters ahead of waiter `id` in the queue of a key, read as
+/// `QueuedOn::ahead` is: deadlock detection reads on past a waiter whose
+/// owner holds the key (it has no wait there, see `lock::direct_waits`).
+pub fn waiters_ahead(db: i32, key: &[u8], id: u64) -> Vec<Ahead> {
+    with(|r| match r.queues.get(&db).and_then(|qs| qs.get(key)) {
+        Some(q) => r.ahead_run(q, id),
+        None => Vec::new(),
+    })
+}
+
 impl Registry {
     /// The waiters ahead of `id` in `q`, nearest first, up to the first
     /// whose owner also waits elsewhere (see `QueuedOn::ahead`).

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use crate::blocking::{self, Unchecked};
 use crate::config;
 use crate::ffi::{now_ms, select_db, Ctx, Key, OwnedStr};
-use crate::lock::{Cycle, Node, Owner, WaitFor};
+use crate::lock::{Ahead, Cycle, Node, Owner, WaitFor};
 use crate::stats;
 use crate::store::lock_at;
 
@@ -158,9 +158,9 @@ impl Slice {
     /// shrinks, within the victim's strongly connected component, so the
     /// graph still answers exactly for every other component. Waiters of the
     /// victim's component are checked again on the next tick, on a fresh
-    /// graph. Except when the victim waited on a key its owner holds: the
-    /// waiter behind it now waits for the holders or the one ahead, which it
-    /// did not reach through the victim, so the rest of the slice waits.
+    /// graph. When the victim waited on a key its owner holds, the rest of
+    /// the slice waits too: the waiter behind it waited past it already
+    /// (`lock::direct_waits`), so this is only a precaution.
     fn answer_cycles(&self, due: Vec<Unchecked>) {
         let mut changed: HashSet<u32> = HashSet::new();
         let mut all_changed = false;
@@ -215,21 +215,54 @@ fn expand(
         to.clear();
         let mut keys = Vec::with_capacity(wait.on.len());
         for on in wait.on {
+            let mut ahead = on.ahead;
+            // Only a waiter ahead that waits elsewhere too may need reading past.
+            let key = ahead
+                .last()
+                .is_some_and(|a| !a.sole)
+                .then(|| on.key.clone());
             let held_by = holders
                 .entry((wait.db, on.key))
                 .or_insert_with_key(|(db, key)| {
                     let owners = holders_of(ctx, *db, key, now);
                     owners.iter().map(|h| graph.node(h)).collect()
                 });
-            if graph.waits_on_key(node, &on.ahead, held_by, to) {
+            if let Some(key) = key {
+                read_past_holders(wait.db, &key, &mut ahead, held_by, graph);
+            }
+            if graph.waits_on_key(node, &ahead, held_by, to) {
                 on_held_keys.insert(wait.id);
             }
-            keys.push((on.ahead, held_by.clone()));
+            keys.push((ahead, held_by.clone()));
         }
         graph.wait(node, wait.id, to);
         for (ahead, held_by) in keys {
             graph.queue_run(ahead, &held_by);
         }
+    }
+}
+
+/// `ahead` (a waiter's `QueuedOn::ahead`) ends at the first waiter ahead
+/// whose owner waits elsewhere too. If that owner holds the key, its waiter
+/// has no wait there and whoever is behind it waits for the waiters ahead of
+/// it as well (`lock::direct_waits`): the queue is read on past it.
+fn read_past_holders(
+    db: i32,
+    key: &[u8],
+    ahead: &mut Vec<Ahead>,
+    held_by: &[Node],
+    graph: &WaitFor,
+) {
+    while let Some(last) = ahead.last() {
+        let held = held_by.iter().any(|h| graph.name(*h)[..] == last.owner[..]);
+        if last.sole || !held {
+            return;
+        }
+        let more = blocking::waiters_ahead(db, key, last.id);
+        if more.is_empty() {
+            return;
+        }
+        ahead.extend(more);
     }
 }
 

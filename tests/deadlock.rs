@@ -398,3 +398,38 @@ fn no_false_positive() {
     assert_eq!(stat(&mut c, "deadlocks"), 0);
     assert_eq!(stat(&mut c, "waiters"), waiting);
 }
+
+/// A multi-key waiter whose owner holds one of its keys is granted that key
+/// at once: it has no wait there, but whoever queues behind it still waits
+/// for the waiters ahead of it too. On k: y, then m's ACQUIREALL (m holds k),
+/// then x; y also waits for l, which x holds. x can never have k before y,
+/// and y never l before x: a deadlock, whose wait-for cycle y -> x -> y runs
+/// past m's waiter (the graph used to stop there and never found it).
+#[test]
+fn a_cycle_past_a_waiter_whose_owner_holds_the_key() {
+    let s = Server::start();
+    let mut c = s.client();
+    set_check_ms(&mut c, "100");
+    int(&mut c, &["RLOCK.ACQUIRE", "{d}k", "m"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "{d}k2", "n"]);
+    int(&mut c, &["RLOCK.ACQUIRE", "{d}l", "x"]);
+    let mut parked = Vec::new();
+    for args in [
+        &["RLOCK.ACQUIRE", "{d}k", "y", "BLOCK", "0"][..],
+        &["RLOCK.ACQUIREALL", "2", "{d}k", "{d}k2", "m", "BLOCK", "0"],
+        &["RLOCK.ACQUIRE", "{d}k", "x", "BLOCK", "0"],
+        &["RLOCK.ACQUIRE", "{d}l", "y", "BLOCK", "0"],
+    ] {
+        let before = stat(&mut c, "waiters");
+        parked.push(park(&s, args));
+        wait_parked(&mut c, before + 1);
+    }
+    // y's wait for l is the newest on the cycle.
+    parked[3]
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let e = answered_error(&mut parked[3]);
+    assert!(e.contains("wait-for cycle: y -> x -> y"), "{e}");
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+    assert_eq!(stat(&mut c, "waiters"), 3, "nobody else was answered");
+}

@@ -7,6 +7,9 @@
 //! for everybody ahead too, but through that chain: every edge recorded is a
 //! real wait, and every cycle of the full graph has one through the chains,
 //! so cycles are found with O(waiters + holders) edges, not O(waiters²).
+//! A waiter whose owner holds the key has no wait there (a multi-key waiter
+//! is granted such a key at once) and so breaks the chain: the one behind it
+//! waits for it and, past it, for the one ahead of it as well (`direct_waits`).
 //!
 //! The graph is built lazily: only the part reachable from the owners of the
 //! waiters being checked (`grow`), since a cycle through a waiter's wait lies
@@ -44,21 +47,31 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use super::Owner;
 
-/// The owners a waiter waits for on one key: none if its owner holds the key
-/// (a multi-key waiter is granted such a key at once), else the holders if it
-/// is first in the queue, else the owner of the waiter just ahead of it.
-pub fn direct_waits<'a, T: PartialEq>(
+/// The owners a waiter waits for on one key, added to `to`; `ahead` are the
+/// owners of the waiters ahead of it, nearest first. None if its owner holds
+/// the key (a multi-key waiter is granted such a key at once); else the owner
+/// of the waiter just ahead of it, and while that one's owner holds the key
+/// (it has no wait there to carry the chain on) the owner of the next one
+/// ahead too, and so on; the holders if no waiter ahead is left.
+pub fn direct_waits<T: PartialEq + Copy>(
     owner: &T,
-    ahead: Option<&'a T>,
-    holders: &'a [T],
-) -> &'a [T] {
+    ahead: impl IntoIterator<Item = T>,
+    holders: &[T],
+    to: &mut Vec<T>,
+) {
     if holders.contains(owner) {
-        return &[];
+        return;
     }
-    match ahead {
-        None => holders,
-        Some(ahead) => std::slice::from_ref(ahead),
+    let start = to.len();
+    for a in ahead {
+        to.push(a);
+        if !holders.contains(&a) {
+            return;
+        }
     }
+    // Only waiters of the holders ahead, or none: it waits for the holders.
+    to.truncate(start);
+    to.extend_from_slice(holders);
 }
 
 /// A node: an owner, numbered as it first appears.
@@ -451,15 +464,16 @@ impl WaitFor {
         holders: &[Node],
         to: &mut Vec<Node>,
     ) -> bool {
-        let ahead = ahead.first().map(|a| self.node(&a.owner));
-        to.extend_from_slice(direct_waits(&from, ahead.as_ref(), holders));
+        let ahead = ahead.iter().map(|a| self.node(&a.owner));
+        direct_waits(&from, ahead, holders, to);
         holders.contains(&from)
     }
 
     /// Describes the owners of the sole waiters at the front of `ahead`
     /// (the waiters ahead of one waiter in a queue, nearest first, as far as
-    /// the first that is not sole): each waits for the next one, the last of
-    /// the queue for `holders`. They become one `Run`: only its front is made
+    /// the first that is not sole, and past it if its owner holds the key):
+    /// each waits for the next one, the last as `direct_waits` says. They
+    /// become one `Run`: only its front is made
     /// a node now, with its real waits; the nearest is the reader's own
     /// target and is made a node when expanded (`materialize`). The run
     /// stops before a waiter already in the graph and before one whose owner
@@ -477,22 +491,24 @@ impl WaitFor {
             return;
         }
         let front = len - 1;
-        let next = ahead.get(len).map(|b| self.node(&b.owner));
+        let front_node = self.node(&ahead[front].owner);
+        let mut to = Vec::new();
+        let beyond = ahead[len..].iter().map(|b| self.node(&b.owner));
+        direct_waits(&front_node, beyond, holders, &mut to);
         ahead.truncate(len);
         let run = self.runs.len() as u32;
         self.waits.reserve(len);
         for (at, a) in ahead[..front].iter().enumerate() {
             self.waits.insert(a.id, Wait::InRun(run, at as u32));
         }
-        let (front_id, front_node) = (ahead[front].id, self.node(&ahead[front].owner));
+        let front_id = ahead[front].id;
         self.runs.push(Run {
             members: ahead,
             nodes: BTreeMap::from([(front as u32, front_node)]),
         });
         self.run_node.insert(front_node, (run, front as u32));
         self.describe(front_node);
-        let to = direct_waits(&front_node, next.as_ref(), holders);
-        self.wait(front_node, front_id, to);
+        self.wait(front_node, front_id, &to);
     }
 
     /// Makes the member waiter `id` of a run a node, `node` (expanded now:
@@ -680,14 +696,24 @@ mod tests {
     #[test]
     fn direct_waits_follow_the_queue_and_skip_keys_the_owner_holds() {
         let holders = ["h1", "h2"];
+        let waits = |owner, ahead: &[&'static str], holders: &[&'static str]| {
+            let mut to = vec!["other key"];
+            direct_waits(&owner, ahead.iter().copied(), holders, &mut to);
+            to.split_off(1)
+        };
         // First in the queue: every holder; behind someone: that one only.
-        assert_eq!(direct_waits(&"w", None, &holders), ["h1", "h2"]);
-        assert_eq!(direct_waits(&"w", Some(&"x"), &holders), ["x"]);
+        assert_eq!(waits("w", &[], &holders), ["h1", "h2"]);
+        assert_eq!(waits("w", &["x", "y"], &holders), ["x"]);
         // Its owner holds the key (a multi-key waiter): no wait there.
-        assert!(direct_waits(&"h2", Some(&"x"), &holders).is_empty());
-        assert!(direct_waits(&"h1", None, &holders).is_empty());
+        assert!(waits("h2", &["x"], &holders).is_empty());
+        assert!(waits("h1", &[], &holders).is_empty());
         // A free key's first waiter waits for nobody.
-        assert!(direct_waits(&"w", None, &[]).is_empty());
+        assert!(waits("w", &[], &[]).is_empty());
+        // Behind a waiter whose owner holds the key (it has no wait there):
+        // that owner and the next one ahead, or the holders at the front.
+        assert_eq!(waits("w", &["h1", "x", "y"], &holders), ["h1", "x"]);
+        assert_eq!(waits("w", &["h1", "h1", "x"], &holders), ["h1", "h1", "x"]);
+        assert_eq!(waits("w", &["h2", "h1"], &holders), ["h1", "h2"]);
     }
 
     #[test]
@@ -861,7 +887,9 @@ mod tests {
                                 owner: Owner::new(owner.as_bytes()),
                                 sole,
                             });
-                            if !sole {
+                            // As `deadlock::expand` reads on past a waiter
+                            // whose owner holds the key.
+                            if !sole && !self.keys[key].0.contains(&owner) {
                                 break;
                             }
                         }
@@ -1026,12 +1054,8 @@ mod tests {
                     for key in keys {
                         let (holders, queue) = &q.keys[key];
                         let at = queue.iter().position(|(w, _)| *w == id).unwrap();
-                        let ahead = at.checked_sub(1).map(|i| queue[i].1);
-                        to.extend(
-                            direct_waits(&owner, ahead.as_ref(), holders)
-                                .iter()
-                                .copied(),
-                        );
+                        let ahead = queue[..at].iter().rev().map(|(_, o)| *o);
+                        direct_waits(&owner, ahead, holders, &mut to);
                     }
                     for t in &to {
                         edges
@@ -1105,5 +1129,30 @@ mod tests {
         }
         assert_eq!(g.component_of(2), g.component_of(10));
         assert_ne!(g.component_of(5), g.component_of(10));
+    }
+
+    #[test]
+    fn a_run_read_past_a_waiter_whose_owner_holds_the_key() {
+        // On k: y, then m's multi-key waiter (m holds k), then w1, w2, x.
+        // m has no wait on k, so w1 (the front of the run x reads) waits
+        // for m and, past it, for y; y also waits for l, which x holds.
+        let mut q = Queues::default();
+        q.hold("k", "m");
+        q.hold("k2", "n");
+        q.hold("l", "x");
+        q.park(1, "y", &["k"]);
+        q.park(2, "m", &["k", "k2"]);
+        q.park(3, "w1", &["k"]);
+        q.park(4, "w2", &["k"]);
+        q.park(5, "x", &["k"]);
+        q.park(6, "y", &["l"]);
+        let mut g = WaitFor::default();
+        g.grow(b"x", &mut q.expand());
+        let cycle = ["y", "x", "w2", "w1", "y"];
+        for id in [3, 4, 5, 6] {
+            let c = g.cycle_through(id).unwrap();
+            assert_eq!((c.victim, names(&c)), (6, strings(&cycle)), "waiter {id}");
+        }
+        assert_eq!(g.cycle_through(2), None, "m waits for n only");
     }
 }
