@@ -1155,4 +1155,128 @@ mod tests {
         }
         assert_eq!(g.cycle_through(2), None, "m waits for n only");
     }
+
+    #[test]
+    fn lazily_grown_slices_answer_as_the_whole_graph_does() {
+        // Random servers, as above, but an owner may wait twice on one key
+        // and only some waiters are due (grown from, newest first): every
+        // waiter in the graph is answered as by the graph of every direct
+        // wait, its cycle is made of real waits, and the components that
+        // hold cycles are the whole graph's.
+        let pool: Vec<&'static str> = (0..60)
+            .map(|i| &*Box::leak(format!("o{i}").into_boxed_str()))
+            .collect();
+        const KEYS: [&str; 6] = ["k1", "k2", "k3", "k4", "k5", "k6"];
+        for seed in 0..2000u64 {
+            let mut rnd = seed.wrapping_mul(7919) + 1;
+            let nown = 2 + (lcg(&mut rnd) % 40) as usize;
+            let nkeys = 1 + (lcg(&mut rnd) % 6) as usize;
+            let owners = &pool[..nown];
+            let keys = &KEYS[..nkeys];
+            let mut q = Queues::default();
+            for key in keys {
+                for _ in 0..lcg(&mut rnd) % 3 {
+                    let h = owners[(lcg(&mut rnd) % nown as u64) as usize];
+                    if !q.keys.get(key).is_some_and(|k| k.0.contains(&h)) {
+                        q.hold(key, h);
+                    }
+                }
+            }
+            let m = 2 + lcg(&mut rnd) % 50;
+            for id in 1..=m {
+                let owner = owners[(lcg(&mut rnd) % nown as u64) as usize];
+                let k1 = keys[(lcg(&mut rnd) % nkeys as u64) as usize];
+                let k2 = keys[(lcg(&mut rnd) % nkeys as u64) as usize];
+                let ks: Vec<&str> = if lcg(&mut rnd).is_multiple_of(5) && k1 != k2 {
+                    vec![k1, k2]
+                } else {
+                    vec![k1]
+                };
+                q.park(id, owner, &ks);
+            }
+            let mut whole = WaitFor::default();
+            let mut edges: HashMap<(String, String), Vec<u64>> = HashMap::new();
+            for (owner, waits) in q.waits.clone() {
+                for (id, ks) in waits {
+                    let mut to = Vec::new();
+                    for key in ks {
+                        let (holders, queue) = &q.keys[key];
+                        let at = queue.iter().position(|(w, _)| *w == id).unwrap();
+                        let ahead = queue[..at].iter().rev().map(|(_, o)| *o);
+                        direct_waits(&owner, ahead, holders, &mut to);
+                    }
+                    for t in &to {
+                        edges
+                            .entry((owner.to_string(), t.to_string()))
+                            .or_default()
+                            .push(id);
+                    }
+                    whole.add(id, owner.as_bytes(), to.iter().map(|t| t.as_bytes()));
+                }
+            }
+            let mut ids: Vec<(u64, &str)> = q
+                .waits
+                .iter()
+                .flat_map(|(o, ws)| ws.iter().map(move |(id, _)| (*id, *o)))
+                .collect();
+            ids.sort();
+            // A random subset is due; grown newest first.
+            let due: Vec<(u64, &str)> = ids
+                .iter()
+                .copied()
+                .filter(|_| !lcg(&mut rnd).is_multiple_of(3))
+                .collect();
+            let mut g = WaitFor::default();
+            for &(id, owner) in due.iter().rev() {
+                if !g.has(id) {
+                    g.grow(owner.as_bytes(), &mut q.expand());
+                }
+            }
+            for &(id, _) in &ids {
+                if !g.has(id) {
+                    continue;
+                }
+                let want = whole.cycle_through(id);
+                let got = g.cycle_through(id);
+                assert_eq!(got.is_some(), want.is_some(), "seed {seed} waiter {id}");
+                let same = |a: u64, b: u64| {
+                    whole.component_of(a).is_some()
+                        && whole.component_of(a) == whole.component_of(b)
+                };
+                if let Some(c) = got {
+                    let names = names(&c);
+                    assert_eq!(names.first(), names.last());
+                    let distinct: HashSet<&String> = names[1..].iter().collect();
+                    assert_eq!(distinct.len(), names.len() - 1, "seed {seed}: {names:?}");
+                    let mut on_cycle = Vec::new();
+                    for pair in names.windows(2) {
+                        let by = edges.get(&(pair[0].clone(), pair[1].clone()));
+                        assert!(by.is_some(), "seed {seed}: {names:?} has no wait {pair:?}");
+                        on_cycle.extend(by.unwrap().iter().copied());
+                    }
+                    assert!(on_cycle.contains(&c.victim), "seed {seed}");
+                    assert!(edges[&(names[0].clone(), names[1].clone())].contains(&c.victim));
+                    let own = ids.iter().find(|(i, _)| *i == id).unwrap().1;
+                    assert!(names.iter().any(|n| n == own), "seed {seed}");
+                    assert!(g.has(c.victim), "seed {seed}");
+                    assert_eq!(
+                        g.component_of(c.victim),
+                        g.component_of(id),
+                        "seed {seed} {id}"
+                    );
+                    assert!(same(c.victim, id), "seed {seed} {id}");
+                }
+                // Components agree with the whole graph's among waiters on cycles.
+                for &(other, _) in &ids {
+                    if g.has(other) && want.is_some() && whole.cycle_through(other).is_some() {
+                        assert_eq!(
+                            g.component_of(id) == g.component_of(other),
+                            same(id, other),
+                            "seed {seed} {id} {other}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
