@@ -431,6 +431,29 @@ pub fn put_back_unchecked(waiter: Unchecked) {
     });
 }
 
+/// The waiters queued on a key are checked by deadlock detection again: the
+/// key's value was replaced under them (`SWAPDB`, another lock renamed or
+/// restored over the key) and they wait for its holders now, which can close
+/// a cycle that no new wait closes.
+pub fn recheck_queue(db: i32, key: &[u8]) {
+    with(|r| {
+        let Registry {
+            queues,
+            records,
+            unchecked,
+            ..
+        } = r;
+        let Some(q) = queues.get(&db).and_then(|qs| qs.get(key)) else {
+            return;
+        };
+        for w in q.waiters() {
+            if let Some(rec) = records.get(&w.id) {
+                unchecked.insert((rec.parked_at, w.id));
+            }
+        }
+    })
+}
+
 /// The owner of a parked waiter.
 pub fn owner_of(id: u64) -> Option<Owner> {
     with(|r| r.records.get(&id).map(|rec| rec.owner.clone()))

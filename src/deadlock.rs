@@ -3,7 +3,10 @@
 //! of the wait-for graph (`lock::WaitFor`), the waiter on that cycle that
 //! started waiting last is answered `DEADLOCK wait-for cycle: a -> b -> a`
 //! and leaves its queues, so the others can go on. A cycle it closes later is
-//! found when the waiter that closes it comes due.
+//! found when the waiter that closes it comes due. A key's waiters are
+//! checked again when its value is replaced under them (`SWAPDB`, another
+//! lock renamed or restored over the key: `blocking::recheck_queue`), since
+//! they then wait for other holders, which closes cycles no new wait closed.
 //!
 //! Runs on the server cron, on a master. A pass starts at most once per
 //! `deadlock-check-ms`, when some waiter came due, so a waiter is checked

@@ -433,3 +433,43 @@ fn a_cycle_past_a_waiter_whose_owner_holds_the_key() {
     assert_eq!(stat(&mut c, "deadlocks"), 1);
     assert_eq!(stat(&mut c, "waiters"), 3, "nobody else was answered");
 }
+
+/// A cycle no new wait closes: `SWAPDB` puts another lock under a parked
+/// waiter, whose holder already waits for the waiter's owner. w waits for k
+/// in db 0 (held by x); n holds k in db 1 and waits for l in db 2, which w
+/// holds. Both waits were checked and on no cycle; after `SWAPDB 0 1` w
+/// waits for n's k, and n for w's l, for ever. The swapped keys' waiters are
+/// checked again (they were not: nobody was ever answered).
+#[test]
+fn a_cycle_closed_by_swapdb_is_found() {
+    let s = Server::start();
+    let mut c = s.client();
+    set_check_ms(&mut c, "100");
+    let in_db = |db: i64| {
+        let mut c = s.client();
+        let _: () = cmd("SELECT").arg(db).query(&mut c).unwrap();
+        c
+    };
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "x", "PX", "600000"]);
+    int(&mut in_db(1), &["RLOCK.ACQUIRE", "k", "n", "PX", "600000"]);
+    int(&mut in_db(2), &["RLOCK.ACQUIRE", "l", "w", "PX", "600000"]);
+    let _w = park(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    let mut n = in_db(2);
+    n.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    n.send_packed_command(
+        &cmd("RLOCK.ACQUIRE")
+            .arg(&["l", "n", "BLOCK", "0"])
+            .get_packed_command(),
+    )
+    .unwrap();
+    wait_parked(&mut c, 2);
+    sleep(Duration::from_millis(600));
+    assert_eq!(stat(&mut c, "deadlocks"), 0, "no cycle yet");
+    let _: () = cmd("SWAPDB").arg(0).arg(1).query(&mut c).unwrap();
+    // n's wait for l is the newer one on the cycle.
+    let e = answered_error(&mut n);
+    assert!(e.contains("wait-for cycle: n -> w -> n"), "{e}");
+    assert_eq!(stat(&mut c, "deadlocks"), 1);
+    assert_eq!(stat(&mut c, "waiters"), 1);
+}
