@@ -32,6 +32,7 @@
 //! removes it (the waiters are then told to retry).
 
 use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,7 +40,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use redis_module::raw::{self, RedisModuleBlockedClient};
 
 use crate::ffi::{api, bytes, now_ms, send, Ctx, RStr, Reply, OK};
-use crate::lock::{Delta, Kind, LockState, Mode, Owner, Served, WaitQueue, Waiter};
+use crate::lock::{Ahead, Delta, Kind, LockState, Mode, Owner, Served, WaitQueue, Waiter};
 use crate::stats;
 
 enum Status {
@@ -64,6 +65,47 @@ struct Record {
     keepalive: Option<(u64, i64)>,
     /// When it was parked (unix ms), for deadlock detection.
     parked_at: i64,
+    /// Its owner, to find it in `by_owner` when it leaves.
+    owner: Owner,
+}
+
+/// The parked waiters of one owner (`Registry::by_owner`): nearly always
+/// one, kept in the map's own slot, so that reading a long queue's owners
+/// for deadlock detection costs one lookup each, not two.
+enum OwnerParked {
+    /// One waiter, and whether it waits for a single key.
+    One {
+        id: u64,
+        single_key: bool,
+    },
+    Many(Vec<u64>),
+}
+
+impl OwnerParked {
+    fn add(&mut self, id: u64) {
+        match self {
+            OwnerParked::One { id: first, .. } => *self = OwnerParked::Many(vec![*first, id]),
+            OwnerParked::Many(ids) => ids.push(id),
+        }
+    }
+
+    /// Takes `id` out: whether none is left.
+    fn remove(&mut self, id: u64) -> bool {
+        match self {
+            OwnerParked::One { id: only, .. } => *only == id,
+            OwnerParked::Many(ids) => {
+                ids.retain(|w| *w != id);
+                ids.is_empty()
+            }
+        }
+    }
+
+    fn ids(&self) -> &[u64] {
+        match self {
+            OwnerParked::One { id, .. } => std::slice::from_ref(id),
+            OwnerParked::Many(ids) => ids,
+        }
+    }
 }
 
 /// How often withheld hand-overs re-check whether the master accepts writes.
@@ -79,7 +121,11 @@ struct Registry {
     /// (BLOCK deadline, waiter id) of every parked waiter with a timeout.
     deadlines: BTreeSet<(i64, u64)>,
     /// (parked at, waiter id) of the waiters deadlock detection has not checked.
-    unchecked: BTreeSet<(i64, u64)>,
+    unchecked: BTreeSet<Unchecked>,
+    /// owner -> its parked waiters: deadlock detection follows an owner's
+    /// waits from the owners waiting for it. Usually one id; an owner with
+    /// none left has no entry.
+    by_owner: HashMap<Owner, OwnerParked>,
     /// Keys whose hand-over waits for the master to accept writes again.
     withheld: HashSet<(i32, Vec<u8>)>,
     /// Multi-key waiters first in the queue of a key that could be theirs:
@@ -95,6 +141,11 @@ impl Registry {
         let rec = self.records.remove(&id)?;
         self.deadlines.remove(&(rec.deadline, id));
         self.unchecked.remove(&(rec.parked_at, id));
+        if let Some(parked) = self.by_owner.get_mut(&rec.owner) {
+            if parked.remove(id) {
+                self.by_owner.remove(&rec.owner);
+            }
+        }
         Some(rec)
     }
 
@@ -102,6 +153,9 @@ impl Registry {
     fn release_spare_capacity(&mut self) {
         if self.records.is_empty() && self.records.capacity() > 64 {
             self.records.shrink_to_fit();
+        }
+        if self.by_owner.is_empty() && self.by_owner.capacity() > 64 {
+            self.by_owner = HashMap::new();
         }
         if !any_queued() && self.queues.values().all(|q| q.is_empty()) && self.queues.capacity() > 8
         {
@@ -263,11 +317,24 @@ pub fn park(
         }
     }
     let parked_at = now_ms();
+    // Queued on each of its keys just before it parks, under its owner.
+    let owner = keys
+        .first()
+        .and_then(|key| with_queue(db, key, |q| q.get(id).map(|w| w.owner.clone())))
+        .flatten()
+        .unwrap_or_else(|| Owner::new(b""));
     with(|r| {
         if deadline != 0 {
             r.deadlines.insert((deadline, id));
         }
         r.unchecked.insert((parked_at, id));
+        let single_key = keys.len() == 1;
+        match r.by_owner.entry(owner.clone()) {
+            Entry::Occupied(mut e) => e.get_mut().add(id),
+            Entry::Vacant(e) => {
+                e.insert(OwnerParked::One { id, single_key });
+            }
+        }
         r.records.insert(
             id,
             Record {
@@ -278,6 +345,7 @@ pub fn park(
                 deadline,
                 keepalive,
                 parked_at,
+                owner,
             },
         )
     });
@@ -326,46 +394,161 @@ pub fn withhold(db: i32, key: &[u8]) {
     }
 }
 
-/// Waiters parked at or before `parked_before` that deadlock detection has
-/// not checked yet; they count as checked from now on.
-pub fn take_unchecked(parked_before: i64) -> Vec<u64> {
+/// A waiter deadlock detection has not checked yet: (parked at, id).
+pub type Unchecked = (i64, u64);
+
+/// The waiter parked last of those parked at or before `parked_before` that
+/// deadlock detection has not checked. The newest first: its waits reach
+/// the most of a long queue, whose older waiters are then checked for free.
+pub fn newest_unchecked(parked_before: i64) -> Option<Unchecked> {
     with(|r| {
-        let mut ids = Vec::new();
-        while let Some(&(at, id)) = r.unchecked.first() {
-            if at > parked_before {
-                break;
-            }
-            r.unchecked.pop_first();
-            ids.push(id);
-        }
-        ids
+        r.unchecked
+            .range(..=(parked_before, u64::MAX))
+            .next_back()
+            .copied()
     })
 }
 
-/// One key's queue as deadlock detection sees it: (id, owner) in order.
-pub struct QueuedKey {
-    pub db: i32,
-    pub key: Vec<u8>,
-    pub waiters: Vec<(u64, Vec<u8>)>,
+/// Takes the waiter `newest_unchecked` would give: deadlock detection
+/// checks it now, and it counts as checked from now on.
+pub fn take_newest_unchecked(parked_before: i64) -> Option<Unchecked> {
+    with(|r| {
+        let newest = *r
+            .unchecked
+            .range(..=(parked_before, u64::MAX))
+            .next_back()?;
+        r.unchecked.remove(&newest);
+        Some(newest)
+    })
 }
 
-/// Every lock queue's waiters in order (semaphores' queues are left out).
-pub fn queued_waiters() -> Vec<QueuedKey> {
+/// Its check was put off: checked again later, if it is still parked.
+pub fn put_back_unchecked(waiter: Unchecked) {
     with(|r| {
-        r.queues
+        if r.records.contains_key(&waiter.1) {
+            r.unchecked.insert(waiter);
+        }
+    });
+}
+
+/// The waiters queued on a key are checked by deadlock detection again: the
+/// key's value was replaced under them (`SWAPDB`, another lock renamed or
+/// restored over the key) and they wait for its holders now, which can close
+/// a cycle that no new wait closes.
+pub fn recheck_queue(db: i32, key: &[u8]) {
+    with(|r| {
+        let Registry {
+            queues,
+            records,
+            unchecked,
+            ..
+        } = r;
+        let Some(q) = queues.get(&db).and_then(|qs| qs.get(key)) else {
+            return;
+        };
+        for w in q.waiters() {
+            if let Some(rec) = records.get(&w.id) {
+                unchecked.insert((rec.parked_at, w.id));
+            }
+        }
+    })
+}
+
+/// The owner of a parked waiter.
+pub fn owner_of(id: u64) -> Option<Owner> {
+    with(|r| r.records.get(&id).map(|rec| rec.owner.clone()))
+}
+
+/// The owner's only parked waiter, if it has one and it waits for a single
+/// key.
+pub fn sole_wait(owner: &[u8]) -> Option<u64> {
+    with(|r| match r.by_owner.get(owner) {
+        Some(&OwnerParked::One {
+            id,
+            single_key: true,
+        }) => Some(id),
+        _ => None,
+    })
+}
+
+/// A key a parked waiter is queued on, as deadlock detection sees it.
+pub struct QueuedOn {
+    pub key: Vec<u8>,
+    /// The waiters ahead of it, nearest first, as far as their owners wait
+    /// nowhere else: a long queue is read in one go, not one owner at a
+    /// time. Empty: it is first.
+    pub ahead: Vec<Ahead>,
+}
+
+/// One parked wait of an owner and the lock queues it is in.
+pub struct ParkedWait {
+    pub id: u64,
+    pub db: i32,
+    pub on: Vec<QueuedOn>,
+}
+
+/// The parked waits of an owner. Semaphores' queues are left out: a
+/// semaphore's waiter needs only some holders to return permits, so no
+/// wait-for edge says it waits for one of them.
+pub fn parked_waits(owner: &[u8]) -> Vec<ParkedWait> {
+    with(|r| {
+        let Some(parked) = r.by_owner.get(owner) else {
+            return Vec::new();
+        };
+        parked
+            .ids()
             .iter()
-            .flat_map(|(db, qs)| {
-                // A semaphore's waiter needs only some holders to return
-                // permits: no wait-for edge says it waits for one of them.
-                let locks = qs.iter().filter(|(_, q)| q.kind() != Kind::Semaphore);
-                locks.map(move |(key, q)| QueuedKey {
-                    db: *db,
-                    key: key.clone(),
-                    waiters: q.waiters().map(|w| (w.id, w.owner.to_vec())).collect(),
+            .filter_map(|&id| {
+                let rec = r.records.get(&id)?;
+                let queues = r.queues.get(&rec.db)?;
+                let on = rec.keys.iter().filter_map(|key| {
+                    let q = queues.get(key)?;
+                    (q.kind() != Kind::Semaphore && q.get(id).is_some()).then(|| QueuedOn {
+                        key: key.clone(),
+                        ahead: r.ahead_run(q, id),
+                    })
+                });
+                Some(ParkedWait {
+                    id,
+                    db: rec.db,
+                    on: on.collect(),
                 })
             })
             .collect()
     })
+}
+
+/// The waiters ahead of waiter `id` in the queue of a key, read as
+/// `QueuedOn::ahead` is: deadlock detection reads on past a waiter whose
+/// owner holds the key (it has no wait there, see `lock::direct_waits`).
+pub fn waiters_ahead(db: i32, key: &[u8], id: u64) -> Vec<Ahead> {
+    with(|r| match r.queues.get(&db).and_then(|qs| qs.get(key)) {
+        Some(q) => r.ahead_run(q, id),
+        None => Vec::new(),
+    })
+}
+
+impl Registry {
+    /// The waiters ahead of `id` in `q`, nearest first, up to the first
+    /// whose owner also waits elsewhere (see `QueuedOn::ahead`).
+    fn ahead_run(&self, q: &WaitQueue, id: u64) -> Vec<Ahead> {
+        let mut run = Vec::new();
+        for w in q.waiters_ahead_of(id) {
+            let sole = matches!(
+                self.by_owner.get(&w.owner),
+                Some(&OwnerParked::One { id, single_key: true }) if id == w.id
+            );
+            run.push(Ahead {
+                id: w.id,
+                owner: w.owner.clone(),
+                sole,
+            });
+            if !sole {
+                break;
+            }
+        }
+        run
+    }
 }
 
 /// A multi-key waiter that a key's queue found ready for it, if any.

@@ -741,9 +741,13 @@ pub fn serve_queue(ctx: *mut Ctx, db: i32, key: &[u8], if_absent: IfAbsent) {
         return;
     };
     let keyname = OwnedStr::new(key);
-    if if_absent == IfAbsent::Retry && Key::open(ctx, keyname.ptr(), false).is_empty() {
-        blocking::fail_all(db, key, notify::KEY_GONE_ERR);
-        return;
+    if if_absent == IfAbsent::Retry {
+        if Key::open(ctx, keyname.ptr(), false).is_empty() {
+            blocking::fail_all(db, key, notify::KEY_GONE_ERR);
+            return;
+        }
+        // Another value under the waiters: they wait for its holders now.
+        blocking::recheck_queue(db, key);
     }
     if let Reply::Error(e) = execute(ctx, keyname.ptr(), Some(kind), Action::Serve) {
         blocking::fail_all(db, key, &e);

@@ -17,7 +17,7 @@ pub use delta::{Delta, Op};
 pub use owner::Owner;
 pub use queue::{Served, WaitQueue, Waiter};
 pub use state::{Admission, Holder, LockState, NotOwner, Refused};
-pub use waitfor::{Cycle, WaitFor};
+pub use waitfor::{direct_waits, Ahead, Cycle, Node, WaitFor};
 
 /// Error replies of the lock rules, shared by every layer that answers a client.
 pub mod err {

@@ -135,6 +135,12 @@ impl WaitQueue {
         self.entries.keys().next().copied()
     }
 
+    /// The waiters ahead of `id`, nearest first: the first is the one it
+    /// directly waits for (deadlock detection).
+    pub fn waiters_ahead_of(&self, id: u64) -> impl Iterator<Item = &Waiter> {
+        self.entries.range(..id).rev().map(|(_, w)| w)
+    }
+
     pub fn waiters(&self) -> impl Iterator<Item = &Waiter> {
         self.entries.values()
     }
@@ -224,6 +230,22 @@ mod tests {
                 | Served::TimedOut { id } => *id,
             })
             .collect()
+    }
+
+    #[test]
+    fn the_waiter_ahead_is_the_previous_arrival_still_queued() {
+        let mut q = WaitQueue::new(Kind::Reentrant);
+        for (id, owner) in [(3, "a"), (5, "b"), (9, "c")] {
+            q.push(waiter(id, owner, Mode::Write));
+        }
+        let ahead = |q: &WaitQueue, id| q.waiters_ahead_of(id).map(|w| w.id).collect::<Vec<_>>();
+        assert!(ahead(&q, 3).is_empty());
+        assert_eq!(ahead(&q, 9), [5, 3]);
+        q.remove(5);
+        assert_eq!(
+            q.waiters_ahead_of(9).next().map(|w| &*w.owner),
+            Some(&b"a"[..])
+        );
     }
 
     #[test]
