@@ -1000,6 +1000,44 @@ mod tests {
         );
     }
 
+    /// The graph of every direct wait of `q`, built whole (the reference the
+    /// randomized checks compare with), and which waiters each owner-to-owner
+    /// edge stands for.
+    fn whole_graph(q: &Queues) -> (WaitFor, HashMap<(String, String), Vec<u64>>) {
+        let mut whole = WaitFor::default();
+        let mut edges: HashMap<(String, String), Vec<u64>> = HashMap::new();
+        for (owner, waits) in &q.waits {
+            for (id, keys) in waits {
+                let mut to = Vec::new();
+                for key in keys {
+                    let (holders, queue) = &q.keys[key];
+                    let at = queue.iter().position(|(w, _)| w == id).unwrap();
+                    let ahead = queue[..at].iter().rev().map(|(_, o)| *o);
+                    direct_waits(owner, ahead, holders, &mut to);
+                }
+                for t in &to {
+                    edges
+                        .entry((owner.to_string(), t.to_string()))
+                        .or_default()
+                        .push(*id);
+                }
+                whole.add(*id, owner.as_bytes(), to.iter().map(|t| t.as_bytes()));
+            }
+        }
+        (whole, edges)
+    }
+
+    /// Every parked waiter of `q` with its owner, oldest first.
+    fn waiter_ids(q: &Queues) -> Vec<(u64, &'static str)> {
+        let mut ids: Vec<(u64, &str)> = q
+            .waits
+            .iter()
+            .flat_map(|(o, ws)| ws.iter().map(move |(id, _)| (*id, *o)))
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// A tiny deterministic generator for the randomized check.
     fn lcg(seed: &mut u64) -> u64 {
         *seed = seed
@@ -1045,34 +1083,9 @@ mod tests {
                 }
                 q.park(id, owner, &keys);
             }
-            // Every direct wait.
-            let mut whole = WaitFor::default();
-            let mut edges: HashMap<(String, String), Vec<u64>> = HashMap::new();
-            for (owner, waits) in q.waits.clone() {
-                for (id, keys) in waits {
-                    let mut to = Vec::new();
-                    for key in keys {
-                        let (holders, queue) = &q.keys[key];
-                        let at = queue.iter().position(|(w, _)| *w == id).unwrap();
-                        let ahead = queue[..at].iter().rev().map(|(_, o)| *o);
-                        direct_waits(&owner, ahead, holders, &mut to);
-                    }
-                    for t in &to {
-                        edges
-                            .entry((owner.into(), t.to_string()))
-                            .or_default()
-                            .push(id);
-                    }
-                    whole.add(id, owner.as_bytes(), to.iter().map(|t| t.as_bytes()));
-                }
-            }
+            let (whole, edges) = whole_graph(&q);
             // Grown lazily, newest first, as a slice does.
-            let mut ids: Vec<(u64, &str)> = q
-                .waits
-                .iter()
-                .flat_map(|(o, ws)| ws.iter().map(move |(id, _)| (*id, *o)))
-                .collect();
-            ids.sort();
+            let ids = waiter_ids(&q);
             let mut g = WaitFor::default();
             for &(id, owner) in ids.iter().rev() {
                 if !g.has(id) {
@@ -1194,32 +1207,8 @@ mod tests {
                 };
                 q.park(id, owner, &ks);
             }
-            let mut whole = WaitFor::default();
-            let mut edges: HashMap<(String, String), Vec<u64>> = HashMap::new();
-            for (owner, waits) in q.waits.clone() {
-                for (id, ks) in waits {
-                    let mut to = Vec::new();
-                    for key in ks {
-                        let (holders, queue) = &q.keys[key];
-                        let at = queue.iter().position(|(w, _)| *w == id).unwrap();
-                        let ahead = queue[..at].iter().rev().map(|(_, o)| *o);
-                        direct_waits(&owner, ahead, holders, &mut to);
-                    }
-                    for t in &to {
-                        edges
-                            .entry((owner.to_string(), t.to_string()))
-                            .or_default()
-                            .push(id);
-                    }
-                    whole.add(id, owner.as_bytes(), to.iter().map(|t| t.as_bytes()));
-                }
-            }
-            let mut ids: Vec<(u64, &str)> = q
-                .waits
-                .iter()
-                .flat_map(|(o, ws)| ws.iter().map(move |(id, _)| (*id, *o)))
-                .collect();
-            ids.sort();
+            let (whole, edges) = whole_graph(&q);
+            let ids = waiter_ids(&q);
             // A random subset is due; grown newest first.
             let due: Vec<(u64, &str)> = ids
                 .iter()
