@@ -14,13 +14,17 @@ fn settled_memory(c: &mut Connection) -> i64 {
     used_memory(c)
 }
 
-/// Memory once Redis has finished trimming its pools: two equal samples in a row.
+/// Memory once Redis has finished trimming its pools: two samples in a row
+/// within a few KB. Not exactly equal: after its client pool is trimmed
+/// (megabytes per sample) Valkey 8.1 keeps growing `used_memory` by 16 bytes
+/// per sample for several seconds, which on a slow machine outlasted the wait.
 fn quiesced_memory(c: &mut Connection) -> i64 {
+    const STILL: i64 = 4096;
     let mut last = used_memory(c);
     for _ in 0..60 {
         std::thread::sleep(Duration::from_millis(500));
         let now = used_memory(c);
-        if now == last {
+        if (now - last).abs() < STILL {
             return now;
         }
         last = now;
@@ -52,8 +56,7 @@ fn ten_thousand_disconnected_waiters_give_their_memory_back() {
     int(&mut c, &["FAIRLOCK.ACQUIRE", "f", "holder"]);
     let cold = settled_memory(&mut c);
     let mut baseline = 0;
-    let mut peak = 0;
-    let mut first_peak = 0;
+    let mut peaks = Vec::new();
     for batch in 0..11 {
         let mut waiters = Vec::new();
         for i in 0..1000 {
@@ -91,14 +94,20 @@ fn ten_thousand_disconnected_waiters_give_their_memory_back() {
                     "warm-up kept too much: {cold} -> {baseline}"
                 );
             }
-            1 => first_peak = this_peak,
-            _ => assert!(
-                this_peak - first_peak < 300_000,
-                "batch {batch}: memory grows across batches: peak {first_peak} -> {this_peak}"
-            ),
+            _ => peaks.push(this_peak),
         }
-        peak = peak.max(this_peak);
     }
+    // A peak varies by up to ~360 KB from batch to batch (Valkey 8.1: client
+    // buffers caught at different moments), with no trend. A leak is a
+    // trend: the lowest peak of the last five batches against the lowest of
+    // the first five (60 bytes kept per waiter would add 300 KB).
+    let (early, late) = peaks.split_at(5);
+    let (early, late) = (early.iter().min().unwrap(), late.iter().min().unwrap());
+    assert!(
+        late - early < 300_000,
+        "memory grows across batches: lowest peak {early} -> {late} ({peaks:?})"
+    );
+    let peak = *peaks.iter().max().unwrap();
     assert!(
         peak > baseline + 1_000_000,
         "1000 waiters should be visible: {baseline} -> {peak}"
