@@ -34,7 +34,9 @@ def main() -> int:
     finally:
         probe.stop()
     result = unittest.TextTestRunner(verbosity=2 if verbose else 1).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    # A test with several failed subtests is one failed test.
+    failed = len({getattr(t, "test_case", t).id() for t, _ in result.failures + result.errors}
+                 | {t.id() for t in result.unexpectedSuccesses})
     passed = result.testsRun - failed - len(result.skipped)
     print("%d passed, %d failed" % (passed, failed)
           + (", %d skipped" % len(result.skipped) if result.skipped else ""))
