@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 import unittest
-from typing import List, Optional
+from typing import Any, AsyncIterator, List, Optional
 
 import harness
 import redis
@@ -37,6 +38,23 @@ async def wait_for(cond, limit: float = 5.0) -> None:  # type: ignore[no-untyped
         if time.monotonic() > deadline:
             raise AssertionError("condition not met within %ss" % limit)
         await asyncio.sleep(0.005)
+
+
+class UnclonablePool(redis.asyncio.ConnectionPool):
+    """A pool the client cannot clone (a subclass, as Sentinel's): keepalive
+    objects then take their pinned connection from it."""
+
+
+@contextlib.asynccontextmanager
+async def callers_pool_client() -> AsyncIterator[redis.asyncio.Redis]:
+    assert SERVER is not None
+    pool = UnclonablePool(port=SERVER.port)
+    client = redis.asyncio.Redis(connection_pool=pool)
+    try:
+        yield client
+    finally:
+        await _close(client)
+        await pool.disconnect()
 
 
 class AsyncLockTest(unittest.IsolatedAsyncioTestCase):
@@ -331,6 +349,55 @@ class AsyncLockTest(unittest.IsolatedAsyncioTestCase):
         with self.assertRaises(LockLost):
             await lock.release()
         self.assertTrue(lock.lost.is_set())
+
+    async def test_dropped_keepalive_lock_is_released_without_the_cycle_collector(self) -> None:
+        # Dropping the last reference releases at once, as in the sync half:
+        # no reference cycle between the object and its pinned connection
+        # waits for the cycle collector. Also with the caller's pool (one that
+        # cannot be cloned, as Sentinel's).
+        async with callers_pool_client() as custom:
+            for client_name, client in (("own pool", self.r), ("caller's pool", custom)):
+                for kind in ("AsyncLock", "AsyncReadWriteLock"):
+                    with self.subTest(client=client_name, kind=kind):
+                        key = "dropped-%s-%s" % (kind, client_name)
+
+                        async def gone() -> bool:
+                            return await self.r.exists(key) == 0
+
+                        gc.collect()
+                        gc.disable()
+                        try:
+                            if kind == "AsyncLock":
+                                lock: Any = AsyncLock(client, key, lease_ms=10_000,
+                                                      keepalive=True)
+                                await lock.acquire()
+                            else:
+                                lock = AsyncReadWriteLock(client, key, lease_ms=10_000,
+                                                          keepalive=True)
+                                await lock.read.acquire()
+                            self.assertEqual(await self.r.exists(key), 1)
+                            del lock
+                            await wait_for(gone, 5)  # not 10 s later
+                        finally:
+                            gc.enable()
+
+    async def test_a_dropped_view_closes_the_shared_connection_with_the_callers_pool(self) -> None:
+        # A ReadWriteLock on a pool that cannot be cloned: its read view is
+        # dropped holding while the write view lives on. When the write view's
+        # hold ends, the connection (still bound to the read hold) is closed,
+        # not given back to the caller's pool for reuse.
+        async with callers_pool_client() as custom:
+            rw = AsyncReadWriteLock(custom, "dv", lease_ms=10_000, keepalive=True)
+            write = rw.write
+            await write.acquire()
+            await rw.read.acquire()  # the writer's own read hold
+            del rw
+            self.assertEqual(await write.release(), 0)
+
+            async def gone() -> bool:
+                return await self.r.exists("dv") == 0
+
+            await wait_for(gone, 5)  # the dropped read hold ended with the connection
 
     async def test_deadlock_error(self) -> None:
         await self.r.config_set("rlock.deadlock-check-ms", 100)

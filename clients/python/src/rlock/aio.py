@@ -200,6 +200,47 @@ async def _maybe_await(result: Any) -> Any:
     return result
 
 
+def _abandon_pinned(loop: asyncio.AbstractEventLoop, pool: Any, own: Optional[ARedis],
+                    conn: Any) -> None:
+    """A pin went while its connection was out: its lock objects were dropped
+    holding. Closes the connection's stream without awaiting (as redis-py's
+    own ``Connection.__del__`` does), so the server ends every holding bound
+    to it at once, then gives the connection back and closes the pin's own
+    client on the loop. Nothing to do once the loop is closed (its sockets
+    went with it)."""
+
+    def close() -> None:
+        writer = getattr(conn, "_writer", None)
+        if writer is not None:
+            writer.close()
+            conn._reader = conn._writer = None  # redis-py reconnects on next use
+
+        async def tidy() -> None:
+            try:
+                if own is not None:
+                    await _maybe_await(own.connection_pool.release(conn))
+                    await _close_own(own)
+                else:
+                    await _maybe_await(pool.release(conn))
+            except Exception:
+                log.debug("rlock: tidying a dropped keepalive connection failed",
+                          exc_info=True)
+
+        loop.create_task(tidy())
+
+    try:
+        running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        close()
+    elif not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(close)
+        except RuntimeError:  # closed meanwhile
+            pass
+
+
 class _AsyncPin:
     """The connection an async lock object's KEEPALIVE holdings are bound to
     (see the sync _Pin). Taken when an acquisition starts from a client of its
@@ -207,7 +248,11 @@ class _AsyncPin:
     be cloned) and held while an acquisition is under way or any user holds
     anything; then closed with that client (clients are tied to an event
     loop, so none is kept). Only acquisitions go through it, one at a time;
-    releases, renewals and INFO go through the caller's client."""
+    releases, renewals and INFO go through the caller's client.
+
+    As the sync pin, it refers to its users weakly: a lock object dropped
+    while holding is freed at once, and the pin with it, whose finalizer
+    closes the connection (the server releases at once)."""
 
     def __init__(self, client: ARedis, margin: float) -> None:
         self.client = client
@@ -219,8 +264,18 @@ class _AsyncPin:
         #: Goes up each time the connection is closed after a failure (which
         #: ended every holding bound to it): see the sync _Pin.
         self.generation = 0
-        self.users: List["_AsyncLockBase"] = []
+        self._users: "weakref.WeakSet[_AsyncLockBase]" = weakref.WeakSet()
+        self._registered = 0
         self._lost: List[Tuple["_AsyncLockBase", str]] = []
+        self._finalizer: Optional[weakref.finalize] = None
+
+    def add_user(self, user: "_AsyncLockBase") -> None:
+        self._users.add(user)
+        self._registered += 1
+
+    @property
+    def users(self) -> List["_AsyncLockBase"]:
+        return list(self._users)
 
     def _idle(self) -> bool:
         return self.conn is not None and not self.busy and not any(
@@ -252,10 +307,18 @@ class _AsyncPin:
     async def _give_back(self) -> None:
         conn, self.conn = self.conn, None
         own, self.own = self.own, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if own is not None:
             await _maybe_await(own.connection_pool.release(conn))
             await _close_own(own)
         else:
+            # A user dropped while holding (one view of a ReadWriteLock) may
+            # have left a holding bound to the connection: close it rather
+            # than let the caller's pool reuse it.
+            if len(self._users) < self._registered:
+                await conn.disconnect()
             await _maybe_await(self.client.connection_pool.release(conn))
 
     async def _call(self, args: List[Any], block: Optional[int]) -> Any:
@@ -270,6 +333,9 @@ class _AsyncPin:
                     await _close_own(own)
                 raise
             self.own = own
+            pool = self.client.connection_pool
+            self._finalizer = weakref.finalize(
+                self, _abandon_pinned, asyncio.get_running_loop(), pool, own, self.conn)
         conn = self.conn
         try:
             return await _exchange(conn, args, deadline)
@@ -334,7 +400,7 @@ class _AsyncLockBase:
         self._pin: Optional[_AsyncPin] = None
         if keepalive:
             self._pin = _pin or _AsyncPin(client, self.wait_margin)
-            self._pin.users.append(self)
+            self._pin.add_user(self)
 
     @property
     def token(self) -> Optional[int]:
