@@ -200,6 +200,9 @@ async def _maybe_await(result: Any) -> Any:
     return result
 
 
+_TIDYING: "set[asyncio.Task[None]]" = set()
+
+
 def _abandon_pinned(loop: asyncio.AbstractEventLoop, pool: Any, own: Optional[ARedis],
                     conn: Any) -> None:
     """A pin went while its connection was out: its lock objects were dropped
@@ -226,7 +229,9 @@ def _abandon_pinned(loop: asyncio.AbstractEventLoop, pool: Any, own: Optional[AR
                 log.debug("rlock: tidying a dropped keepalive connection failed",
                           exc_info=True)
 
-        loop.create_task(tidy())
+        task = loop.create_task(tidy())
+        _TIDYING.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(_TIDYING.discard)
 
     try:
         running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
