@@ -1,9 +1,9 @@
 //! Parking and waking clients.
 //!
-//! A waiter is parked with `BlockClientOnKeys` on its lock key, so Redis keeps
-//! track of its timeout, `CLIENT UNBLOCK`, disconnection and cluster redirects.
-//! The lock is never handed over by signalling the key (that would run every
-//! waiter's callback on every release). Instead the state machine picks the
+//! A waiter is parked with `BlockClientOnKeys` on a name in its lock key's slot
+//! (`parking_name`), so Redis keeps track of its `CLIENT UNBLOCK`,
+//! disconnection and cluster redirects. The lock is never handed over by
+//! signalling a key (that would run every waiter's callback on every release). Instead the state machine picks the
 //! waiter, the grant is made and replicated inside the command that freed the
 //! lock, and `deliver` unblocks exactly that client: `RM_UnblockClient` on a
 //! key-blocked client runs its timeout callback at once, which writes the
@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use redis_module::raw::{self, RedisModuleBlockedClient};
 
-use crate::ffi::{api, bytes, now_ms, send, Ctx, RStr, Reply, OK};
+use crate::ffi::{api, bytes, now_ms, send, Ctx, OwnedStr, RStr, Reply, OK};
 use crate::lock::{Ahead, Delta, Kind, LockState, Mode, Owner, Served, WaitQueue, Waiter};
 use crate::stats;
 
@@ -276,6 +276,43 @@ fn enqueue_on(
     })
 }
 
+/// What a waiter is parked on in Redis: not its lock key but a name beside it
+/// that nothing creates, in the key's cluster slot (Redis redirects parked
+/// clients by slot when it migrates). Redis offers a key to every client
+/// parked on it whenever the key is added (a lock made again after its lease
+/// ran out under waiters, `RESTORE`, `SWAPDB`); grants never travel that way,
+/// so every waiter declined, and Redis 7.0 then leaves its current client
+/// pointing at the last one that declined (`serveClientsBlockedOnKeyByModule`
+/// skips restoring it). When that waiter was freed inside another client's
+/// command (`CLIENT KILL`), the dangling pointer was read later and the
+/// server crashed. `None` (park on the key itself) when no such name hashes
+/// to the key's slot: a cluster key with a `}` but no hash tag, or empty.
+fn parking_name(key: &[u8], cluster: bool) -> Option<Vec<u8>> {
+    const MARK: &[u8] = b"\0rlock:parked";
+    if !cluster {
+        return Some([key, MARK].concat());
+    }
+    let hashed = slot_hashed_part(key);
+    if hashed.is_empty() || hashed.contains(&b'}') {
+        return None;
+    }
+    Some([b"{", hashed, b"}", MARK].concat())
+}
+
+/// The part of a key Redis Cluster hashes for its slot: the hash tag (the
+/// text between the first `{` and the next `}`) when non-empty, else the key.
+fn slot_hashed_part(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        let rest = &key[open + 1..];
+        if let Some(len) = rest.iter().position(|&b| b == b'}') {
+            if len > 0 {
+                return &rest[..len];
+            }
+        }
+    }
+    key
+}
+
 /// Blocks the calling client as waiter `id` (already queued) on `keynames`,
 /// for `timeout_ms` (0: forever). Redis gets no timeout: see the module doc.
 pub fn park(
@@ -287,7 +324,16 @@ pub fn park(
     keepalive_lease: Option<i64>,
 ) {
     let keepalive = keepalive_lease.map(|lease| (crate::engine::client_id(ctx), lease));
-    let mut names = keynames.to_vec();
+    let cluster = crate::ffi::ctx_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0;
+    let parking: Vec<Option<OwnedStr>> = keynames
+        .iter()
+        .map(|k| parking_name(unsafe { bytes(*k) }, cluster).map(|n| OwnedStr::new(&n)))
+        .collect();
+    let mut names: Vec<*mut RStr> = keynames
+        .iter()
+        .zip(&parking)
+        .map(|(key, name)| name.as_ref().map_or(*key, OwnedStr::ptr))
+        .collect();
     let privdata = id_as_privdata(id);
     let bc = unsafe {
         api!(RedisModule_BlockClientOnKeys)(
@@ -802,8 +848,9 @@ unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_i
     })
 }
 
-/// Redis calls this when somebody signals the key; grants never travel that way,
-/// so the waiter stays parked unless it was already answered.
+/// Redis calls this when somebody adds a key by the waiter's parking name
+/// (nothing of the module's does); grants never travel that way, so the
+/// waiter stays parked unless it was already answered.
 unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_int) -> c_int {
     crate::ffi::contained("blocked-client wake", crate::ffi::ERR, || {
         let Some(id) = waiter_id(ctx) else {
@@ -849,4 +896,64 @@ pub fn may_block(ctx: *mut Ctx) -> bool {
         | raw::REDISMODULE_CTX_FLAGS_REPLICATED
         | raw::REDISMODULE_CTX_FLAGS_LOADING;
     crate::ffi::ctx_flags(ctx) & deny == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redis Cluster's key slot (CRC16/XMODEM of the hashed part, mod 16384),
+    /// written here from its definition to check the names against.
+    fn slot(key: &[u8]) -> u16 {
+        let mut crc: u16 = 0;
+        for &b in slot_hashed_part(key) {
+            crc ^= (b as u16) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc & 16383
+    }
+
+    #[test]
+    fn the_slot_function_matches_redis() {
+        // Values from CLUSTER KEYSLOT.
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"123456789"), 0x31C3 & 16383);
+    }
+
+    #[test]
+    fn a_parking_name_differs_from_its_key_and_keeps_its_slot() {
+        for key in [
+            &b"lock"[..],
+            b"{tag}lock",
+            b"a{b}c",
+            b"x{",
+            b"{a{b}c",
+            b"\xff\x00binary",
+            b"{user1000}.following",
+        ] {
+            let name = parking_name(key, true).expect("a name in the key's slot");
+            assert_ne!(name, key);
+            assert_eq!(slot(&name), slot(key), "{key:?}");
+            let plain = parking_name(key, false).unwrap();
+            assert_ne!(plain, key);
+        }
+    }
+
+    #[test]
+    fn a_cluster_key_without_a_usable_tag_parks_on_itself() {
+        // Hashed whole, with a `}` no tag of ours could contain.
+        assert_eq!(parking_name(b"a}b", true), None);
+        assert_eq!(parking_name(b"}{", true), None);
+        assert_eq!(parking_name(b"{}x", true), None); // an empty tag: hashed whole
+        assert_eq!(parking_name(b"", true), None);
+        // Outside a cluster any name will do.
+        assert!(parking_name(b"a}b", false).is_some());
+    }
 }
