@@ -701,12 +701,15 @@ fn open(sh: &Shared, port: u16, slot: usize, timeout: Option<Duration>) -> Optio
     Some(Conn { c, db: 0 })
 }
 
-const READ_TIMEOUT: Duration = Duration::from_secs(20);
+/// No reply within this long is a hang (valgrind slows the server ~20x).
+fn read_timeout() -> Duration {
+    Duration::from_secs(if valgrind() { 200 } else { 20 })
+}
 
 /// A worker: random commands of every kind, BLOCK up to 300 ms.
 fn worker(sh: Arc<Shared>, port: u16, slot: usize) {
     let mut r = Rng::new(sh.seed.wrapping_mul(1000 + slot as u64));
-    let mut conn = open(&sh, port, slot, Some(READ_TIMEOUT));
+    let mut conn = open(&sh, port, slot, Some(read_timeout()));
     while !sh.stop.load(Ordering::Relaxed) {
         let Some(cn) = conn.as_mut() else {
             sh.finding(format!("worker {slot}: cannot connect to the master"));
@@ -844,7 +847,7 @@ fn worker(sh: Arc<Shared>, port: u16, slot: usize) {
                 if res.is_ok() {
                     cn.db = db;
                 }
-                judge(&sh, "SELECT", Shape::Any, res)
+                judge(&sh, &format!("SELECT {db}"), Shape::Any, res)
             }
             _ => {
                 // Close the connection (ends its KEEPALIVE holdings) and open another.
@@ -853,7 +856,7 @@ fn worker(sh: Arc<Shared>, port: u16, slot: usize) {
         };
         drop(_g);
         if let Outcome::Reconnect = outcome {
-            conn = open(&sh, port, slot, Some(READ_TIMEOUT));
+            conn = open(&sh, port, slot, Some(read_timeout()));
         }
     }
 }
@@ -951,8 +954,8 @@ fn parker(sh: Arc<Shared>, port: u16, slot: usize) {
 /// Rare, server-wide operations.
 fn admin(sh: Arc<Shared>, port: u16, replica_port: u16) {
     let mut r = Rng::new(sh.seed.wrapping_mul(3000));
-    let mut c = connect(port, Some(READ_TIMEOUT)).expect("admin connection");
-    let mut rc = connect(replica_port, Some(READ_TIMEOUT)).expect("admin connection to replica");
+    let mut c = connect(port, Some(read_timeout())).expect("admin connection");
+    let mut rc = connect(replica_port, Some(read_timeout())).expect("admin connection to replica");
     while !sh.stop.load(Ordering::Relaxed) {
         sleep(Duration::from_millis(r.range(20, 250)));
         let _g = sh.gate.read().unwrap();
@@ -1044,7 +1047,7 @@ fn admin(sh: Arc<Shared>, port: u16, replica_port: u16) {
         if let Outcome::Reconnect = judge(&sh, &what, Shape::Any, res) {
             let fresh = connect(
                 if on_replica { replica_port } else { port },
-                Some(READ_TIMEOUT),
+                Some(read_timeout()),
             );
             match fresh {
                 Some(f) if on_replica => rc = f,
@@ -1062,7 +1065,7 @@ fn admin(sh: Arc<Shared>, port: u16, replica_port: u16) {
 /// a lock command there must get READONLY.
 fn replica_reader(sh: Arc<Shared>, port: u16) {
     let mut r = Rng::new(sh.seed.wrapping_mul(4000));
-    let mut c = connect(port, Some(READ_TIMEOUT)).expect("replica connection");
+    let mut c = connect(port, Some(read_timeout())).expect("replica connection");
     while !sh.stop.load(Ordering::Relaxed) {
         sleep(Duration::from_millis(r.range(1, 10)));
         let k = *r.pick(&KEYS);
@@ -1076,7 +1079,7 @@ fn replica_reader(sh: Arc<Shared>, port: u16) {
                 match send(&mut c, &a) {
                     Err(e) if e.code() == Some("READONLY") => {}
                     Err(e) if is_disconnect(&e) => {
-                        c = match connect(port, Some(READ_TIMEOUT)) {
+                        c = match connect(port, Some(read_timeout())) {
                             Some(c) => c,
                             None => return,
                         }
@@ -1088,7 +1091,7 @@ fn replica_reader(sh: Arc<Shared>, port: u16) {
         };
         let res = send(&mut c, &a);
         if let Outcome::Reconnect = judge(&sh, &format!("(replica) {}", text(&a)), shape, res) {
-            c = match connect(port, Some(READ_TIMEOUT)) {
+            c = match connect(port, Some(read_timeout())) {
                 Some(c) => c,
                 None => return,
             };
@@ -1156,8 +1159,11 @@ fn compare(sh: &Shared, m: &mut Connection, rep: &mut Connection, when: &str) ->
     if !sh.with_replica {
         return true;
     }
-    if !caught_up(m, rep, Duration::from_secs(10)) {
-        sh.finding(format!("{when}: the replica did not catch up within 10 s"));
+    let limit = Duration::from_secs(if valgrind() { 100 } else { 10 });
+    if !caught_up(m, rep, limit) {
+        sh.finding(format!(
+            "{when}: the replica did not catch up within {limit:?}"
+        ));
         return false;
     }
     let (dm, dr) = (digest(m), digest(rep));
@@ -1353,8 +1359,11 @@ fn chaos_run(seed: u64, secs: Duration, with_replica: bool) {
         ops: AtomicU64::new(0),
         with_replica,
         redis70: is_redis_7_0(&mut m),
-        trace: std::env::var_os("RLOCK_CHAOS_TRACE")
-            .map(|p| Mutex::new(std::fs::File::create(p).unwrap())),
+        // One file per run (the two tests would share it otherwise).
+        trace: std::env::var("RLOCK_CHAOS_TRACE").ok().map(|p| {
+            let p = format!("{p}.{}", if with_replica { "replica" } else { "reloads" });
+            Mutex::new(std::fs::File::create(p).unwrap())
+        }),
     });
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     const WORKERS: usize = 4;
@@ -1448,7 +1457,7 @@ fn chaos_run(seed: u64, secs: Duration, with_replica: bool) {
     let mut rep = replica.client();
     if alive {
         // No client is left: nobody waits, no binding is left.
-        let settled = (0..400).any(|_| {
+        let settled = (0..if valgrind() { 4000 } else { 400 }).any(|_| {
             sleep(Duration::from_millis(10));
             stat(&mut m, "waiters") == 0 && stat(&mut m, "keepalive_holds") == 0
         });
