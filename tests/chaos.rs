@@ -166,6 +166,13 @@ fn cmd_of(parts: Vec<String>, shape: Shape) -> Cmd {
     }
 }
 
+/// A BLOCK timeout up to `max`: never 0 (forever) on a worker's own
+/// connection (`max` above 100), which would wait past the hang timeout;
+/// inside MULTI and scripts (`max` 100) BLOCK is one try, 0 included.
+fn block_ms(r: &mut Rng, max: u64) -> u64 {
+    r.range(if max > 100 { 1 } else { 0 }, max)
+}
+
 /// A random, valid command of one of the lock families. `block_max`: the
 /// longest BLOCK it may carry (0: none); `keepalive`: whether it may bind.
 fn lock_command(r: &mut Rng, block_max: u64, keepalive: bool) -> Cmd {
@@ -191,7 +198,7 @@ fn lock_command(r: &mut Rng, block_max: u64, keepalive: bool) -> Cmd {
                 opts.push(l);
             }
             if block_max > 0 && r.pct(40) {
-                opts.push(vec!["BLOCK".into(), r.range(0, block_max).to_string()]);
+                opts.push(vec!["BLOCK".into(), block_ms(r, block_max).to_string()]);
             }
             if keepalive && r.pct(20) {
                 opts.push(vec!["KEEPALIVE".into()]);
@@ -266,7 +273,7 @@ fn multi_key_command(r: &mut Rng, block_max: u64, keepalive: bool) -> Cmd {
         0..=54 => {
             lease(r, &mut p);
             if block_max > 0 && r.pct(40) {
-                p.extend(["BLOCK".into(), r.range(0, block_max).to_string()]);
+                p.extend(["BLOCK".into(), block_ms(r, block_max).to_string()]);
             }
             if keepalive && r.pct(15) {
                 p.push("KEEPALIVE".into());
