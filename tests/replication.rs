@@ -235,3 +235,67 @@ fn a_writable_replica_still_refuses_lock_changes() {
     let _: () = cmd("DEL").arg("plain").query(&mut r).unwrap();
     assert_eq!(digest(&mut m), digest(&mut r));
 }
+
+/// Found by tests/chaos.rs: the lease timer firing at a deadline that a
+/// RENEW has since moved changes no lock, but it put the key's TTL back to
+/// the latest deadline on the master only. After a PERSIST (or EXPIRE) by
+/// hand, the replica kept the hand-set TTL and `DEBUG DIGEST` differed until
+/// the key changed again. The TTL the timer puts back now goes out as
+/// `PEXPIREAT`. Each case: a watched lock (a waiter parked; two readers; two
+/// semaphore holders) whose earliest deadline is renewed, then PERSIST.
+#[test]
+fn a_ttl_the_lease_timer_puts_back_reaches_the_replica() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    let mut waiters = Vec::new();
+    for case in ["waiter", "readers", "permits"] {
+        let k = format!("ttl-{case}");
+        match case {
+            "waiter" => {
+                int(&mut m, &["FAIRLOCK.ACQUIRE", &k, "h", "PX", "300"]);
+                waiters.push(spawn_call(
+                    &master,
+                    &["FAIRLOCK.ACQUIRE", &k, "w", "BLOCK", "0"],
+                ));
+                wait_parked(&mut m, 1);
+                int(&mut m, &["FAIRLOCK.RENEW", &k, "h", "PX", "5000"]);
+            }
+            "readers" => {
+                int(&mut m, &["RWLOCK.ACQUIRE", &k, "READ", "r1", "PX", "300"]);
+                int(&mut m, &["RWLOCK.ACQUIRE", &k, "READ", "r2", "PX", "5000"]);
+                int(&mut m, &["RWLOCK.RENEW", &k, "r1", "PX", "6000"]);
+            }
+            _ => {
+                int(
+                    &mut m,
+                    &["SEMAPHORE.ACQUIRE", &k, "a", "LIMIT", "3", "PX", "300"],
+                );
+                int(
+                    &mut m,
+                    &["SEMAPHORE.ACQUIRE", &k, "b", "LIMIT", "3", "PX", "5000"],
+                );
+                int(&mut m, &["SEMAPHORE.RENEW", &k, "a", "PX", "6000"]);
+            }
+        }
+        assert_eq!(int(&mut m, &["PERSIST", &k]), 1);
+        // The first deadline as it was before the renewal passes.
+        sleep(Duration::from_millis(if valgrind() { 3000 } else { 600 }));
+        wait_replicated(&mut m);
+        let (tm, tr) = (
+            int(&mut m, &["PEXPIRETIME", &k]),
+            int(&mut r, &["PEXPIRETIME", &k]),
+        );
+        assert_eq!(
+            tm, tr,
+            "{case}: the key's TTL on the master and the replica"
+        );
+        assert_eq!(digest(&mut m), digest(&mut r), "{case}: datasets differ");
+    }
+    int(&mut m, &["FAIRLOCK.FORCERELEASE", "ttl-waiter"]);
+    for w in waiters {
+        let (reply, _) = w.join().unwrap();
+        assert!(matches!(reply, Ok(Value::Int(_))), "{reply:?}");
+    }
+}

@@ -645,7 +645,15 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     let mut modified = gone || change.dirty;
     if let Some(state) = state {
         if let Some(latest) = state.latest_deadline() {
-            modified |= set_ttl(key, latest, change.dirty, origin);
+            let realigned = set_ttl(key, latest, change.dirty, origin);
+            if realigned && origin == Origin::Timer && crate::role::propagates() {
+                // Nothing changed, so no effect carries the TTL: a TTL the
+                // lease timer puts back (after PERSIST or EXPIRE by hand)
+                // goes to replicas and the AOF as its own PEXPIREAT, else
+                // they keep the one set by hand.
+                replicate_ttl(ctx, keyname, latest);
+            }
+            modified |= realigned;
         }
         let waiting = blocking::any_queued() && blocking::queue_len(db, name) > 0;
         crate::lease::watch(ctx, db, name, state, waiting);
@@ -695,6 +703,19 @@ fn set_ttl(key: &Key, latest: i64, dirty: bool, origin: Origin) -> bool {
             ttl != latest && unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) } == OK
         }
     }
+}
+
+/// Propagates `PEXPIREAT keyname at`, a TTL set on the key outside any effect.
+fn replicate_ttl(ctx: *mut Ctx, keyname: *mut RStr, at: i64) {
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx,
+            c"PEXPIREAT".as_ptr(),
+            c"sl".as_ptr(),
+            keyname,
+            at as std::os::raw::c_longlong,
+        )
+    };
 }
 
 pub fn client_id(ctx: *mut Ctx) -> u64 {
