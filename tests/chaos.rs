@@ -397,8 +397,6 @@ struct Shared {
     /// Whether a replica follows the master (else the replica's operations
     /// go to the master: DEBUG RELOAD there, which diverges a replica).
     with_replica: bool,
-    /// The server is Redis 7.0 (see `admin`).
-    redis70: bool,
 }
 
 impl Shared {
@@ -970,12 +968,9 @@ fn admin(sh: Arc<Shared>, port: u16, replica_port: u16) {
         let ids: Vec<i64> = sh.ids.lock().unwrap().values().copied().collect();
         let id = ids[r.below(ids.len() as u64) as usize].to_string();
         let (a, on_replica): (Args, bool) = match r.below(1000) {
-            // Not on Redis 7.0 (unless RLOCK_CHAOS_KILL=1): it crashes there,
-            // see `a_killed_waiter_redis_7_0_left_as_current_client`.
-            0..=349 if !sh.redis70 || std::env::var_os("RLOCK_CHAOS_KILL").is_some() => {
-                (args(&["CLIENT", "KILL", "ID", &id]), false)
-            }
-            0..=349 => (args(&["CLIENT", "UNBLOCK", &id]), false),
+            // Redis 7.0 crashed here before waiters were parked beside their
+            // keys: tests/rlock.rs::killing_a_waiter_after_a_hand_over_on_lease_end_is_safe.
+            0..=349 => (args(&["CLIENT", "KILL", "ID", &id]), false),
             350..=549 => {
                 if r.pct(50) {
                     (args(&["CLIENT", "UNBLOCK", &id, "ERROR"]), false)
@@ -1307,12 +1302,6 @@ fn lock_keys(c: &mut Connection) -> Vec<String> {
 
 // ---------------------------------------------------------------- the run
 
-/// Redis 7.0 (not 7.2+, 8.x or Valkey, whose `redis_version` is 7.2.4).
-fn is_redis_7_0(c: &mut Connection) -> bool {
-    let info: String = redis::cmd("INFO").arg("server").query(c).unwrap();
-    info.contains("redis_version:7.0.") && !info.contains("valkey")
-}
-
 fn named(name: String, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
     std::thread::Builder::new().name(name).spawn(f).unwrap()
 }
@@ -1363,7 +1352,6 @@ fn chaos_run(seed: u64, secs: Duration, with_replica: bool) {
         dumps: Mutex::new(Vec::new()),
         ops: AtomicU64::new(0),
         with_replica,
-        redis70: is_redis_7_0(&mut m),
         // One file per run (the two tests would share it otherwise).
         trace: std::env::var("RLOCK_CHAOS_TRACE").ok().map(|p| {
             let p = format!("{p}.{}", if with_replica { "replica" } else { "reloads" });
@@ -1625,58 +1613,4 @@ fn chaos_with_a_replica() {
 #[test]
 fn chaos_with_reloads_of_the_master() {
     chaos_run(seed() ^ 1, secs() / 2, false);
-}
-
-/// Found by the chaos run on Redis 7.0.15 (a crash every few runs of the
-/// variant without a replica): a Redis 7.0 bug that the module's waiters
-/// trigger. Waiters are parked with `RM_BlockClientOnKeys`; when a key with
-/// parked waiters is added outside a command (here the lease timer hands an
-/// expired lock to the first waiter, re-creating the key), Redis offers the
-/// key to the other waiters' key-ready callback in `beforeSleep`
-/// (`serveClientsBlockedOnKeyByModule`). The module declines (it hands over
-/// itself), and Redis 7.0 returns from that path without restoring
-/// `server.current_client`, which keeps pointing at the declined waiter.
-/// When that waiter is then freed inside another client's command (`CLIENT
-/// KILL`), the command's end restores `current_client` to the freed client;
-/// the next module timer that propagates two effects (the expired key's DEL
-/// and the hand-over's delta) reads `current_client->cmd` in
-/// `propagatePendingCommands`: a use after free (valgrind: "Invalid read of
-/// size 8 ... 112 bytes inside a block of size 744 free'd" by clientCommand),
-/// a crash when the memory was reused. Redis 7.2+ restores the client on that
-/// path (`moduleUnblockClientOnKey`); Redis 8.2 and Valkey 8.1 pass this test.
-/// No module API on 7.0 avoids the key-ready call (only `dbAdd` signals it,
-/// and `OPEN_KEY_NOEXPIRE` is 7.2+), so it stays a known crash on 7.0.
-#[test]
-#[ignore = "crashes Redis 7.0.15 (a Redis 7.0 bug, see the comment); passes on Redis 8.2 and Valkey 8.1"]
-fn a_killed_waiter_redis_7_0_left_as_current_client() {
-    let s = Server::start_with(&["--save", "", "--appendonly", "yes"], &[]);
-    let mut a = s.client();
-    int(&mut a, &["RLOCK.ACQUIRE", "k", "h", "PX", "300"]);
-    let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", "0"]);
-    wait_parked(&mut a, 1);
-    let mut w2c = s.client();
-    let w2id = client_id(&mut w2c).to_string();
-    let w2 =
-        std::thread::spawn(move || call(&mut w2c, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "0"]));
-    wait_parked(&mut a, 2);
-    // h's lease ends: the timer re-creates k for w1; w2 is offered k and declines.
-    let (r, _) = w1.join().unwrap();
-    assert!(matches!(r, Ok(Value::Int(_))), "w1: {r:?}");
-    assert_eq!(int(&mut a, &["CLIENT", "KILL", "ID", &w2id]), 1);
-    let _ = w2.join();
-    // The freed client's memory (744 bytes) taken by values full of 'A'.
-    let filler = "A".repeat(720);
-    for i in 0..200 {
-        call(&mut a, &["SET", &format!("fill{i}"), &filler]).unwrap();
-    }
-    // A lease ending under a waiter: the timer propagates DEL and a delta.
-    int(&mut a, &["RLOCK.ACQUIRE", "x", "hx", "PX", "200"]);
-    let wx = spawn_call(&s, &["RLOCK.ACQUIRE", "x", "wx", "BLOCK", "0"]);
-    let (r, _) = wx.join().unwrap();
-    assert!(
-        matches!(r, Ok(Value::Int(_))),
-        "wx: {r:?}; server log:\n{}",
-        s.log()
-    );
-    assert!(call(&mut a, &["PING"]).is_ok(), "{}", s.log());
 }
