@@ -34,23 +34,10 @@ use redis::RedisError;
 
 // ---------------------------------------------------------------- randomness
 
-/// splitmix64: small, seedable, good enough for picking commands.
-struct Rng(u64);
-
+/// common::Rng (splitmix64), with what the driver picks with it.
 impl Rng {
     fn new(seed: u64) -> Rng {
         Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// 0 .. n-1
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
     /// lo ..= hi
     fn range(&mut self, lo: u64, hi: u64) -> u64 {

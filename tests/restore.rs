@@ -89,23 +89,9 @@ fn crc64_matches_redis_check_value() {
 }
 
 // ---------------------------------------------------------------------------
-// Seeded PRNG (splitmix64).
-
-struct Rng(u64);
+// Seeded PRNG (common::Rng, splitmix64): what these tests pick with it.
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
     fn index(&mut self, len: usize) -> usize {
         self.below(len as u64) as usize
     }
