@@ -121,3 +121,18 @@ fn shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
     cell.store(s, Ordering::Relaxed);
     s
 }
+
+/// Propagates `PEXPIREAT keyname at`: a key's TTL put back outside any delta
+/// (after `RESTORE`, or by the lease timer after a TTL was changed by hand),
+/// so replicas and the AOF keep the master's.
+pub fn replicate_ttl(ctx: *mut Ctx, keyname: *mut RStr, at: i64) {
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx,
+            c"PEXPIREAT".as_ptr(),
+            c"sl".as_ptr(),
+            keyname,
+            at as std::os::raw::c_longlong,
+        )
+    };
+}

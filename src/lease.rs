@@ -291,14 +291,8 @@ fn align_ttl(ctx: *mut Ctx, name: *mut crate::ffi::RStr, latest: i64) {
             return;
         }
         api!(RedisModule_SignalModifiedKey)(ctx, name);
-        api!(RedisModule_Replicate)(
-            ctx,
-            c"PEXPIREAT".as_ptr(),
-            c"sl".as_ptr(),
-            name,
-            latest as std::os::raw::c_longlong,
-        );
     }
+    crate::effect::replicate_ttl(ctx, name, latest);
 }
 
 /// Drops the key's entry: its value is leaving the keyspace (released, deleted,

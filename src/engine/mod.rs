@@ -651,7 +651,7 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
                 // lease timer puts back (after PERSIST or EXPIRE by hand)
                 // goes to replicas and the AOF as its own PEXPIREAT, else
                 // they keep the one set by hand.
-                replicate_ttl(ctx, keyname, latest);
+                crate::effect::replicate_ttl(ctx, keyname, latest);
             }
             modified |= realigned;
         }
@@ -703,19 +703,6 @@ fn set_ttl(key: &Key, latest: i64, dirty: bool, origin: Origin) -> bool {
             ttl != latest && unsafe { api!(RedisModule_SetAbsExpire)(key.raw, latest) } == OK
         }
     }
-}
-
-/// Propagates `PEXPIREAT keyname at`, a TTL set on the key outside any effect.
-fn replicate_ttl(ctx: *mut Ctx, keyname: *mut RStr, at: i64) {
-    unsafe {
-        api!(RedisModule_Replicate)(
-            ctx,
-            c"PEXPIREAT".as_ptr(),
-            c"sl".as_ptr(),
-            keyname,
-            at as std::os::raw::c_longlong,
-        )
-    };
 }
 
 pub fn client_id(ctx: *mut Ctx) -> u64 {
