@@ -9,7 +9,12 @@
 //!   restarted, becomes a replica and converges (same `DEBUG DIGEST`);
 //! - SIGSTOP of the master past down-after (split brain): every token of the
 //!   new master outranks every token of the deposed one, no token is issued
-//!   twice; with `min-replicas-to-write 1`, no overlapping holders at all.
+//!   twice; with `min-replicas-to-write 1`, no overlapping holders at all
+//!   and no grant made by the deposed master after it woke. A reply that
+//!   arrives after the wake can be for a grant made just before the stop
+//!   (`kill -STOP` takes effect a few ms after it is started; Redis writes
+//!   replies at the end of its event-loop turn): the holder asks
+//!   `RLOCK.INFO` right after each reply, and a lease already over dates it.
 //!
 //! Sentinel may also fail over on its own when a node stalls for down-after
 //! on a loaded machine; the tests follow such a failover as a tenure of its
@@ -243,6 +248,12 @@ struct Grant {
     sent: Duration,
     granted: Duration,
     ended: Duration,
+    /// `RLOCK.INFO` right after the reply: whether this holding was still on
+    /// (None: the query failed), and when its answer came. A reply can leave
+    /// the server long after the grant (made just before a SIGSTOP, sent on
+    /// waking); a lease already over by then dates the grant.
+    held_on_receipt: Option<bool>,
+    checked: Duration,
 }
 
 impl Grant {
@@ -417,6 +428,8 @@ fn client_loop(
                 }
             };
             let granted = start.elapsed();
+            let held_on_receipt = still_held(&mut c, &key, token);
+            let checked = start.elapsed();
             let acks: i64 = cmd("WAIT").arg(1).arg(100).query(&mut c).unwrap_or(-1);
             let mut grant = Grant {
                 owner,
@@ -427,6 +440,8 @@ fn client_loop(
                 sent,
                 granted,
                 ended: granted,
+                held_on_receipt,
+                checked,
             };
             if acks < 0 {
                 grant.ended = start.elapsed();
@@ -444,6 +459,25 @@ fn client_loop(
             }
         }
     }
+}
+
+/// Whether `token` still holds `key` with lease left (RLOCK.INFO; read-only,
+/// so a master refusing writes answers it too). None if the query failed.
+fn still_held(c: &mut Connection, key: &str, token: i64) -> Option<bool> {
+    let info: Value = cmd("RLOCK.INFO").arg(key).query(c).ok()?;
+    let fields = match info {
+        Value::Nil => return Some(false),
+        Value::Array(items) => items,
+        _ => return None,
+    };
+    let field = |name: &str| {
+        let at = fields.chunks(2).find(|kv| as_string(&kv[0]) == name)?;
+        match at.get(1)? {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    };
+    Some(field("token") == Some(token) && field("ttl").is_some_and(|t| t > 0))
 }
 
 // ---------------------------------------------------------------------------
@@ -727,6 +761,13 @@ fn kill_scenario(clients: usize, rounds: usize, timing: &Timing) -> bool {
     true
 }
 
+/// Whether the server surely made this grant before `frozen_at` (SIGSTOP
+/// was sent after it): its lease was over when the holder asked right after
+/// the reply, so it began at least a lease before that question.
+fn granted_before(g: &Grant, frozen_at: Duration) -> bool {
+    g.held_on_receipt == Some(false) && g.checked < frozen_at + Duration::from_millis(LEASE_MS)
+}
+
 /// SIGSTOP of the master past down-after: Sentinel promotes a replica while
 /// the old master sleeps; it wakes as a deposed master until Sentinel turns
 /// it into a replica.
@@ -769,8 +810,9 @@ fn freeze_scenario(min_replicas: bool, clients: usize, rounds: usize, timing: &T
         let (new, _) = d.wait_failover(old);
         // Stay frozen a little longer than the failover took.
         sleep(Duration::from_millis(1000));
-        d.server(old).thaw();
+        // Taken before SIGCONT, so every grant made on waking comes after it.
         let thawed_at = run.since_start();
+        d.server(old).thaw();
         eprintln!(
             "[{label} round {round}] {old} frozen {frozen_at:?}..{thawed_at:?}; {new} promoted"
         );
@@ -779,7 +821,7 @@ fn freeze_scenario(min_replicas: bool, clients: usize, rounds: usize, timing: &T
         // The deposed master's tenure lasts until it is a replica again.
         d.wait_replica(old, Duration::from_secs(30), &mut tenures);
         let rejoined = tenures.list[deposed].until;
-        freezes.push((tenures.list[deposed], thawed_at));
+        freezes.push((tenures.list[deposed], frozen_at, thawed_at));
         eprintln!(
             "[{label} round {round}] {old} is a replica of {} again at {rejoined:?}",
             tenures.current()
@@ -792,17 +834,19 @@ fn freeze_scenario(min_replicas: bool, clients: usize, rounds: usize, timing: &T
     d.assert_converged(master);
 
     tenures.assert_ordered(&history);
-    for (deposed, thawed_at) in &freezes {
-        let woke: Vec<&Grant> = deposed
+    for (deposed, frozen_at, thawed_at) in &freezes {
+        let (early, woke): (Vec<&Grant>, Vec<&Grant>) = deposed
             .grants(&history)
             .into_iter()
             .filter(|g| g.granted >= *thawed_at)
-            .collect();
+            .partition(|g| granted_before(g, *frozen_at));
         eprintln!(
-            "[{label}] deposed master {} granted {} locks between waking ({thawed_at:?}) and rejoining ({:?})",
+            "[{label}] deposed master {} granted {} locks between waking ({thawed_at:?}) and rejoining ({:?}); \
+             {} more replies came after waking for grants made before the freeze",
             deposed.server,
             woke.len(),
-            deposed.until
+            deposed.until,
+            early.len()
         );
         if min_replicas {
             assert!(woke.is_empty(), "the deposed master granted: {woke:#?}");
