@@ -893,7 +893,7 @@ fn freeze_of_the_master_with_min_replicas_to_write() {
 /// The dating of late replies the freeze check relies on: `still_held` reads
 /// a real server's view, and only a lease over before a lease past the wake
 /// clears a grant (the reply of the CI run that found this: sent 2.007 s, at
-/// 2.004 s the SIGSTOP was started, answered 5.302 s, the wake 5.300 s).
+/// 2.004 s the SIGSTOP was started, answered 5.302 s, the wake about 5.300 s).
 #[test]
 fn a_late_reply_is_dated_by_the_lease_the_server_reports() {
     let s = Server::start();
