@@ -374,37 +374,73 @@ fn frozen_master_deposed_in_split_brain_hands_nothing_over_when_it_wakes() {
 }
 
 #[test]
-fn acknowledgements_queued_during_a_freeze_do_not_make_a_deposed_replica_good() {
-    // SIGSTOP, not DEBUG SLEEP: the replica keeps sending its once-a-second
-    // REPLCONF ACK into the frozen master's socket, then is promoted and hangs
-    // up. When the master wakes it reads those acks ("lag 0": Redis stamps an
-    // ack with the time it reads it) before it sees the hang-up, and Redis's
-    // own count of good replicas stays a second stale. A release queued behind
-    // the acks must not hand the lock over on that evidence.
-    let master = guarded_master();
+fn acknowledgements_read_after_a_stall_do_not_make_a_deposed_replica_good() {
+    // The master stalls (a slow command) while its replica keeps sending its
+    // once-a-second REPLCONF ACK, is promoted and hangs up. Redis 7.2+ stamps
+    // an ack with the time it reads it, so when those acks are read after the
+    // stall, in the same turn as a queued release and before the hang-up is
+    // seen, the replica looks up to date. The release must not hand the lock
+    // over on that evidence.
+    //
+    // To get the replica's socket read after the stall and before the
+    // release, all three must be ready when the stalling command is read: a
+    // first stall (1.5 s, so an ack arrives in it) collects the stalling
+    // command, then an ack, then the release, and the next turn runs them in
+    // that order. (SIGSTOP does not stage this: on SIGCONT Redis's epoll_wait
+    // returns EINTR, so the cron judges the replicas before any socket is read.)
+    // max-lag 3 s keeps Redis's own count at one good replica after the first
+    // stall, so Redis itself lets the release run.
+    let master = Server::start_with(
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--min-replicas-to-write",
+            "1",
+            "--min-replicas-max-lag",
+            "3",
+            "--repl-diskless-sync-delay",
+            "0",
+        ],
+        &[],
+    );
     let replica = Server::start();
     replica.replicate_from(&master);
     let mut m = master.client();
     wait_good_replicas(&mut m, 1);
     let mut holder = master.client();
     int(&mut holder, &["RLOCK.ACQUIRE", "k", "h", "PX", "60000"]);
-    assert_eq!(wait_acked(&mut holder, 2000), 1);
-    let w = waiter(&master, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "6000"], 200);
+    assert_eq!(wait_acked(&mut holder, 1000), 1);
+    let w = waiter(&master, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "9000"], 200);
     wait_parked(&mut m, 1);
-    master.freeze();
-    // Three acks queue up, then the replica is promoted and leaves.
-    sleep(Duration::from_millis(3200));
+    let stall = |mut c: Connection, secs: &'static str| {
+        std::thread::spawn(move || {
+            let _: () = cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut c).unwrap();
+        })
+    };
+    let (first, second) = (master.client(), master.client());
+    let first = stall(first, "1.5");
+    sleep(Duration::from_millis(2));
+    let second = stall(second, "5");
+    sleep(Duration::from_millis(1300));
+    let release = std::thread::spawn(move || call(&mut holder, &["RLOCK.RELEASE", "k", "h"]));
+    // Promoted in the middle of the second stall: acks queue before it and
+    // the hang-up after them.
+    sleep(Duration::from_millis(2700));
     let mut r = replica.client();
     let _: () = cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut r).unwrap();
-    let release = std::thread::spawn(move || {
-        let reply = call(&mut holder, &["RLOCK.RELEASE", "k", "h"]);
-        (reply, holder)
-    });
-    sleep(Duration::from_millis(300));
-    master.thaw();
-    let (released, _holder) = release.join().unwrap();
+    first.join().unwrap();
+    second.join().unwrap();
+    let released = release.join().unwrap();
     let (reply, _, _) = w.join().unwrap();
     eprintln!("release: {released:?}; waiter: {reply:?}");
+    // Released by the command (Redis's own count let it run), not refused.
+    assert_eq!(
+        released,
+        Ok(Value::Int(0)),
+        "the release did not run as staged"
+    );
     assert_eq!(reply, Value::Nil, "the deposed master handed the lock over");
     assert_eq!(owner_of(&mut m, "RLOCK.INFO", "k"), None);
 }
