@@ -271,10 +271,32 @@ pub struct Results {
     /// (s) a semaphore with N holdings: the (e) ops, with and without a replica.
     pub semaphore_holders: Vec<readers::ReadersScale>,
     pub runtime_s: f64,
+    pub sections: SectionTimes,
     pub load_before: String,
     pub load_after: String,
     pub fd_limit: u64,
     pub waiters_wanted: usize,
+}
+
+/// Wall time of each section of the run, for the run-time row.
+#[derive(Default)]
+pub struct SectionTimes {
+    pub done: Vec<(&'static str, f64)>,
+    current: Option<(&'static str, Instant)>,
+}
+
+impl SectionTimes {
+    /// Ends the section running, if any, and starts `name`.
+    fn enter(&mut self, name: &'static str) {
+        self.close();
+        self.current = Some((name, Instant::now()));
+    }
+
+    fn close(&mut self) {
+        if let Some((name, at)) = self.current.take() {
+            self.done.push((name, at.elapsed().as_secs_f64()));
+        }
+    }
 }
 
 fn main() {
@@ -332,6 +354,7 @@ fn main() {
         with_replica.push(l.with_replica());
     }
     if run_any(&["a", "a1"]) {
+        r.sections.enter("(a) uncontended: server time per call");
         progress("(a) uncontended: server time per call");
         // Also with AOF on: effects are then built and written out.
         let mut all = locks.clone();
@@ -339,10 +362,12 @@ fn main() {
         all.extend(with_replica.iter().copied());
         r.costs = uncontended::call_costs(&env, &all);
     } else if run_any(&["a3", "replica"]) {
+        r.sections.enter("(a) uncontended: server time per call");
         progress("(a) uncontended: server time per call, with a replica");
         r.costs = uncontended::call_costs(&env, &with_replica);
     }
     if run("a") || run("a2") {
+        r.sections.enter("(a) uncontended: pipelined throughput");
         progress("(a) uncontended: pipelined throughput");
         for lock in &locks {
             let t = uncontended::throughput(&env, *lock);
@@ -357,6 +382,7 @@ fn main() {
     }
 
     if run("b") {
+        r.sections.enter("(b) contention");
         progress("(b) contention");
         let pairs = [
             Lock::new(Impl::Native, Family::Reentrant),
@@ -382,6 +408,7 @@ fn main() {
     }
 
     if run("c") {
+        r.sections.enter("(c) expiry hand-over");
         progress("(c) expiry handoff");
         for lock in [
             Lock::new(Impl::Native, Family::Reentrant),
@@ -400,6 +427,7 @@ fn main() {
     }
 
     if run("d") || run("d1") {
+        r.sections.enter("(d) scale: held locks");
         let n = env.cfg.scale_locks;
         progress(&format!("(d) scale: {n} held locks"));
         for (lock, idle) in [
@@ -428,6 +456,7 @@ fn main() {
     }
 
     if run("d") || run("d2") {
+        r.sections.enter("(d) scale: release with waiters");
         r.waiters_wanted = env.cfg.waiters;
         let n = env
             .cfg
@@ -459,6 +488,7 @@ fn main() {
     }
 
     if run_any(&["e", "e1", "readers"]) {
+        r.sections.enter("(e) RWLOCK READ ops with N readers");
         progress("(e) RWLOCK READ ops with N readers in");
         {
             let sizes = &env.cfg.readers;
@@ -488,6 +518,7 @@ fn main() {
     }
 
     if run_any(&["e", "e2", "admit"]) {
+        r.sections.enter("(e) one release admitting N readers");
         progress("(e) one release admitting N queued readers");
         for &want in &env.cfg.admit {
             let n = want.min((r.fd_limit as usize).saturating_sub(256)).max(1);
@@ -505,6 +536,7 @@ fn main() {
     }
 
     if run_any(&["f", "storm"]) {
+        r.sections.enter("(f) expiry storm");
         let (n, w) = (env.cfg.storm_leases, env.cfg.storm_waiters);
         progress(&format!("(f) expiry storm: {n} leases, one deadline"));
         // Redis's own expiry: SET PX keys on a server without the module.
@@ -525,6 +557,7 @@ fn main() {
     }
 
     if run_any(&["g", "persist"]) {
+        r.sections.enter("(g) persistence at scale");
         let n = env.cfg.persist_locks;
         progress(&format!(
             "(g) persistence at scale: {n} locks vs SET PX keys"
@@ -562,6 +595,7 @@ fn main() {
     }
 
     if run_any(&["m", "multilock"]) {
+        r.sections.enter("(m) multi-key locks");
         progress("(m) multi-key locks: K clients, random pairs of 8 keys");
         for &k in &env.cfg.multilock_ks {
             for native in [true, false] {
@@ -580,6 +614,7 @@ fn main() {
     }
 
     if run_any(&["k", "keepalive"]) {
+        r.sections.enter("(k) KEEPALIVE");
         progress(&format!(
             "(k) KEEPALIVE: {} holdings, lease {} ms, a replica attached",
             env.cfg.keepalive_holdings, env.cfg.keepalive_lease_ms
@@ -603,6 +638,7 @@ fn main() {
     }
 
     if run_any(&["s", "semaphore"]) {
+        r.sections.enter("(s) semaphores");
         progress("(s) semaphores: K = 64 clients on LIMIT 8");
         for imp in [Impl::Native, Impl::Lua] {
             let lock = Lock::new(imp, Family::Semaphore);
@@ -637,6 +673,7 @@ fn main() {
     }
 
     if run_any(&["w", "waiters"]) {
+        r.sections.enter("(w) memory of a parked waiter");
         progress(&format!(
             "(w) memory of a parked waiter: {} clients, per server",
             env.cfg.parked_waiters
@@ -656,6 +693,7 @@ fn main() {
         }
     }
 
+    r.sections.close();
     r.runtime_s = started.elapsed().as_secs_f64();
     r.load_after = report::loadavg();
     let text = report::render(&env, &r, &root);

@@ -457,6 +457,21 @@ fn targets(r: &Results) -> Vec<Target> {
     t
 }
 
+/// "(a) uncontended: ... 87 s; (b) contention 37 s; ...", in the order run.
+fn section_times(r: &Results) -> String {
+    let parts: Vec<String> = r
+        .sections
+        .done
+        .iter()
+        .map(|(name, secs)| format!("{name} {secs:.0} s"))
+        .collect();
+    if parts.is_empty() {
+        "none run".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
 /// The paragraphs of bench/findings.md before its first section that start with "Method.".
 fn findings_method(root: &Path) -> String {
     let text = std::fs::read_to_string(root.join("bench/findings.md")).unwrap_or_default();
@@ -539,6 +554,7 @@ pub fn render(env: &Env, r: &Results, root: &Path) -> String {
             "Run time",
             format!("{:.0} s (excluding the build)", r.runtime_s),
         ),
+        ("Run time by section", section_times(r)),
     ];
     for (k, v) in rows {
         let _ = writeln!(w, "| {k} | {v} |");
