@@ -411,7 +411,7 @@ fn acknowledgements_read_after_a_stall_do_not_make_a_deposed_replica_good() {
     wait_good_replicas(&mut m, 1);
     let mut holder = master.client();
     int(&mut holder, &["RLOCK.ACQUIRE", "k", "h", "PX", "60000"]);
-    assert_eq!(wait_acked(&mut holder, 1000), 1);
+    assert_eq!(wait_acked(&mut holder, 2000), 1);
     let w = waiter(&master, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "9000"], 200);
     wait_parked(&mut m, 1);
     let stall = |mut c: Connection, secs: &'static str| {
