@@ -376,10 +376,10 @@ fn frozen_master_deposed_in_split_brain_hands_nothing_over_when_it_wakes() {
 #[test]
 fn acknowledgements_read_after_a_stall_do_not_make_a_deposed_replica_good() {
     // The master stalls (a slow command) while its replica keeps sending its
-    // once-a-second REPLCONF ACK, is promoted and hangs up. Redis 7.2+ stamps
-    // an ack with the time it reads it, so when those acks are read after the
-    // stall, in the same turn as a queued release and before the hang-up is
-    // seen, the replica looks up to date. The release must not hand the lock
+    // once-a-second REPLCONF ACK, is promoted and hangs up. Redis stamps an
+    // ack with the time it reads it (its clock is refreshed per command), so
+    // when those acks are read after the stall, in the same turn as a queued
+    // release and before the hang-up is seen, the replica looks up to date. The release must not hand the lock
     // over on that evidence.
     //
     // To get the replica's socket read after the stall and before the
