@@ -262,6 +262,11 @@ fn wait_good_replicas(m: &mut Connection, n: i64) {
 }
 
 fn guarded_master() -> Server {
+    guarded_master_with_lag("1")
+}
+
+/// A master with `min-replicas-to-write 1` and this `min-replicas-max-lag` (s).
+fn guarded_master_with_lag(max_lag: &str) -> Server {
     Server::start_with(
         &[
             "--save",
@@ -271,7 +276,7 @@ fn guarded_master() -> Server {
             "--min-replicas-to-write",
             "1",
             "--min-replicas-max-lag",
-            "1",
+            max_lag,
             "--repl-diskless-sync-delay",
             "0",
         ],
@@ -379,8 +384,8 @@ fn acknowledgements_read_after_a_stall_do_not_make_a_deposed_replica_good() {
     // once-a-second REPLCONF ACK, is promoted and hangs up. Redis stamps an
     // ack with the time it reads it (its clock is refreshed per command), so
     // when those acks are read after the stall, in the same turn as a queued
-    // release and before the hang-up is seen, the replica looks up to date. The release must not hand the lock
-    // over on that evidence.
+    // release and before the hang-up is seen, the replica looks up to date.
+    // The release must not hand the lock over on that evidence.
     //
     // To get the replica's socket read after the stall and before the
     // release, all three must be ready when the stalling command is read: a
@@ -390,21 +395,7 @@ fn acknowledgements_read_after_a_stall_do_not_make_a_deposed_replica_good() {
     // returns EINTR, so the cron judges the replicas before any socket is read.)
     // max-lag 3 s keeps Redis's own count at one good replica after the first
     // stall, so Redis itself lets the release run.
-    let master = Server::start_with(
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--min-replicas-to-write",
-            "1",
-            "--min-replicas-max-lag",
-            "3",
-            "--repl-diskless-sync-delay",
-            "0",
-        ],
-        &[],
-    );
+    let master = guarded_master_with_lag("3");
     let replica = Server::start();
     replica.replicate_from(&master);
     let mut m = master.client();
