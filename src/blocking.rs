@@ -719,7 +719,15 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
 
 /// Answers the waiters the state machine served (already dequeued).
 /// Call with no registry borrow held: unblocking re-enters `on_timeout`.
+#[inline]
 pub fn deliver(served: Vec<Served>) {
+    if !served.is_empty() {
+        answer(served);
+    }
+}
+
+#[inline(never)]
+fn answer(served: Vec<Served>) {
     for s in served {
         let (id, status) = match s {
             Served::Granted {

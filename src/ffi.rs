@@ -148,9 +148,30 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// Errors are the rare outcome: kept out of line, so that the paths that
+    /// succeed stay short in the instruction cache.
+    #[cold]
+    #[inline(never)]
     pub fn err(msg: impl Into<std::borrow::Cow<'static, str>>) -> Reply {
         Reply::Error(msg.into())
     }
+}
+
+/// Writes `reply`, consumed: the common integer (a token, a count) goes out
+/// without the general writer and with nothing to drop.
+pub fn send_owned(ctx: *mut Ctx, reply: Reply) {
+    // An integer owns nothing: not dropping it skips the drop glue's call.
+    let reply = std::mem::ManuallyDrop::new(reply);
+    if let Reply::Int(v) = *reply {
+        unsafe { api!(RedisModule_ReplyWithLongLong)(ctx, v) };
+        return;
+    }
+    send_other(ctx, std::mem::ManuallyDrop::into_inner(reply));
+}
+
+#[inline(never)]
+fn send_other(ctx: *mut Ctx, reply: Reply) {
+    send(ctx, &reply)
 }
 
 pub fn send(ctx: *mut Ctx, reply: &Reply) {
@@ -191,13 +212,19 @@ pub fn send(ctx: *mut Ctx, reply: &Reply) {
 
 /// Runs `f` with panics contained: no unwind may cross into Redis.
 pub fn contained<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    contained_or(what, || fallback, f)
+}
+
+/// `contained` with the fallback made only if `f` panicked (a command's
+/// error reply would otherwise be built and dropped on every call).
+pub fn contained_or<T>(what: &str, fallback: impl FnOnce() -> T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
             log_warning(&format!(
                 "rlock: internal error in {what}; the operation was abandoned"
             ));
-            fallback
+            fallback()
         }
     }
 }

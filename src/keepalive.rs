@@ -108,10 +108,15 @@ pub fn any_bound() -> bool {
 /// (the latest wins, renewing every third of it) and renews no later than a
 /// third of it from now. Otherwise a shorter lease set meanwhile would run
 /// out before the renewal the old lease scheduled, the connection still open.
+#[inline]
 pub fn lease_changed(db: i32, key: &[u8], token: u64, lease_ms: i64) {
-    if !any_bound() {
-        return;
+    if any_bound() {
+        follow_lease(db, key, token, lease_ms);
     }
+}
+
+#[inline(never)]
+fn follow_lease(db: i32, key: &[u8], token: u64, lease_ms: i64) {
     let sooner = with(|r| {
         let id = *r.ids.get(&(db, key.to_vec(), token))?;
         let b = r.bindings.get_mut(&id)?;

@@ -185,10 +185,15 @@ fn active() -> bool {
 
 /// Watches the key's earliest deadline when the module must act on it (it has
 /// waiters, or several holders). Cheap when nothing is needed or it already is.
+#[inline]
 pub fn watch(ctx: *mut Ctx, db: i32, key: &[u8], state: &LockState, waiting: bool) {
-    if !(waiting || state.is_indexed()) {
-        return;
+    if waiting || state.is_indexed() {
+        watch_earliest(ctx, db, key, state);
     }
+}
+
+#[inline(never)]
+fn watch_earliest(ctx: *mut Ctx, db: i32, key: &[u8], state: &LockState) {
     if let Some(earliest) = state.earliest_deadline() {
         watch_at(ctx, db, key, earliest.saturating_add(1));
     }

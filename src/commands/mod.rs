@@ -173,6 +173,10 @@ pub fn keepalive_allowed(ctx: *mut Ctx) -> bool {
     ffi::ctx_flags(ctx) & redis_module::raw::REDISMODULE_CTX_FLAGS_LUA == 0
 }
 
+fn internal_error() -> Reply {
+    Reply::err("ERR internal error")
+}
+
 /// Runs a handler with its panics contained and writes its reply.
 pub fn run(
     ctx: *mut Ctx,
@@ -180,9 +184,9 @@ pub fn run(
     argc: c_int,
     handler: fn(*mut Ctx, &[*mut RStr]) -> Reply,
 ) -> c_int {
-    let reply = ffi::contained("command", Reply::err("ERR internal error"), || {
+    let reply = ffi::contained_or("command", internal_error, || {
         crate::effect::within(ctx, argv, argc, |args| handler(ctx, args))
     });
-    ffi::send(ctx, &reply);
+    ffi::send_owned(ctx, reply);
     ffi::OK
 }

@@ -231,11 +231,19 @@ thread_local! {
 
 /// Tries the multi-key waiters that queues found ready. Runs at the end of
 /// every change; changes made while it runs only add to its list.
+#[inline]
 pub fn serve_multi_ready(ctx: *mut Ctx) {
     // Only a queue reports a ready waiter, and it stays queued until served:
     // with no queue anywhere there is nothing to try (the common case, checked
-    // without touching the thread-locals).
-    if !blocking::any_queued() || SERVING.with(|s| s.replace(true)) {
+    // without touching the thread-locals, and inline at the caller).
+    if blocking::any_queued() {
+        serve_ready(ctx);
+    }
+}
+
+#[inline(never)]
+fn serve_ready(ctx: *mut Ctx) {
+    if SERVING.with(|s| s.replace(true)) {
         return;
     }
     while let Some(id) = blocking::take_multi_ready() {

@@ -158,6 +158,7 @@ impl LockState {
     }
 
     /// Whether the holders are kept in the index (more than one holder).
+    #[inline]
     pub fn is_indexed(&self) -> bool {
         matches!(self.holders, Holders::Many(_))
     }
