@@ -78,6 +78,18 @@ fn integer(arg: &[u8]) -> Option<i64> {
         [b'0'] if negative => return None,
         _ => {}
     }
+    // Up to 18 digits cannot overflow: no checked arithmetic for them.
+    if digits.len() <= 18 {
+        let mut n: i64 = 0;
+        for &d in digits {
+            let d = d.wrapping_sub(b'0');
+            if d > 9 {
+                return None;
+            }
+            n = n * 10 + i64::from(d);
+        }
+        return Some(if negative { -n } else { n });
+    }
     let mut n: i64 = 0;
     for &d in digits {
         let d = i64::from(d.wrapping_sub(b'0'));
@@ -345,6 +357,10 @@ mod tests {
             "-9223372036854775808",
             "-9223372036854775809",
             "99999999999999999999",
+            "999999999999999999",
+            "-999999999999999999",
+            "1000000000000000000",
+            "-1000000000000000000",
             "3600000",
             "/",
             ":",

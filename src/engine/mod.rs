@@ -187,14 +187,15 @@ enum Slot {
 }
 
 impl Slot {
+    #[inline]
     fn state(&mut self) -> &mut LockState {
+        if let Slot::Packed(c) = self {
+            *self = Slot::Fresh(c.unpack());
+        }
         match self {
             Slot::Existing(p) => unsafe { &mut **p },
             Slot::Unpacked(_, s) | Slot::Fresh(s) => s,
-            Slot::Packed(c) => {
-                *self = Slot::Fresh(c.unpack());
-                self.state()
-            }
+            Slot::Packed(_) => unreachable!("unpacked above"),
         }
     }
 }

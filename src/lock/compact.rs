@@ -200,22 +200,39 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Where each uuid byte's two hex digits start in `xxxxxxxx-xxxx-...`.
 const HEX_AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
 
-/// Each byte's value as a lower-case hex digit, `NOT_HEX` if it is none: one
-/// load per digit (every acquire of a Redisson owner parses 32 of them).
-const HEX_VALUE: [u8; 256] = {
-    let mut table = [NOT_HEX; 256];
-    let mut i = 0;
-    while i < 16 {
-        table[HEX[i] as usize] = i as u8;
-        i += 1;
+/// Eight lower-case hex digits (the bytes of `x`, first digit in the low
+/// byte) as four bytes, first pair first; `None` if any byte is not one of
+/// `0-9a-f`. Every acquire of a Redisson owner parses 32 digits: eight lanes
+/// at once take a third of the instructions a digit at a time did.
+fn hex8(x: u64) -> Option<u32> {
+    const L: u64 = 0x0101_0101_0101_0101;
+    const H: u64 = 0x8080_8080_8080_8080;
+    const EVEN: u64 = 0x00ff_00ff_00ff_00ff;
+    // The range tests below work on 7-bit lanes (no borrow crosses a byte).
+    if x & H != 0 {
+        return None;
     }
-    table
-};
-const NOT_HEX: u8 = 0xFF;
+    let at_least = |c: u8| (x | H).wrapping_sub(L * c as u64) & H;
+    let at_most = |c: u8| ((L * c as u64) | H).wrapping_sub(x) & H;
+    let digit = at_least(b'0') & at_most(b'9');
+    let letter = at_least(b'a') & at_most(b'f');
+    if digit | letter != H {
+        return None;
+    }
+    // '0'-'9' are 0x30-0x39 and 'a'-'f' 0x61-0x66: the low nibble, plus 9
+    // where bit 6 marks a letter.
+    let v = (x & (L * 0x0f)) + ((x >> 6) & L) * 9;
+    let pairs = ((v & EVEN) << 4) | ((v >> 8) & EVEN);
+    let quads = (pairs | (pairs >> 8)) & 0x0000_ffff_0000_ffff;
+    Some((quads | (quads >> 16)) as u32)
+}
 
-fn hex_digit(c: u8) -> Option<u8> {
-    let v = HEX_VALUE[c as usize];
-    (v != NOT_HEX).then_some(v)
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn le32(b: &[u8], at: usize) -> u64 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes")).into()
 }
 
 /// A thread id in canonical decimal (no sign, no leading zero, in range).
@@ -239,9 +256,16 @@ pub(super) fn redisson_parts(owner: &[u8]) -> Option<([u8; 16], u64)> {
     if owner[UUID_LEN] != b':' || DASHES.iter().any(|&d| uuid[d] != b'-') {
         return None;
     }
+    // Groups of 8-4-4-4-12 digits, read as 8, 4+4, 4+4 and 8.
+    let groups = [
+        le64(uuid, 0),
+        le32(uuid, 9) | le32(uuid, 14) << 32,
+        le32(uuid, 19) | le32(uuid, 24) << 32,
+        le64(uuid, 28),
+    ];
     let mut bytes = [0u8; 16];
-    for (byte, &at) in bytes.iter_mut().zip(&HEX_AT) {
-        *byte = hex_digit(uuid[at])? << 4 | hex_digit(uuid[at + 1])?;
+    for (out, group) in bytes.chunks_exact_mut(4).zip(groups) {
+        out.copy_from_slice(&hex8(group)?.to_le_bytes());
     }
     Some((bytes, canonical_u64(thread)?))
 }
@@ -280,6 +304,48 @@ mod tests {
     fn is_48_bytes() {
         assert_eq!(std::mem::size_of::<Compact>(), 48);
         assert_eq!(std::mem::align_of::<Compact>(), 8);
+    }
+
+    /// `redisson_parts` one digit at a time, as it was before `hex8`.
+    fn parts_digit_by_digit(owner: &[u8]) -> Option<([u8; 16], u64)> {
+        let (uuid, thread) = (owner.get(..UUID_LEN)?, owner.get(UUID_LEN + 1..)?);
+        if owner[UUID_LEN] != b':' || DASHES.iter().any(|&d| uuid[d] != b'-') {
+            return None;
+        }
+        let digit = |c: u8| HEX.iter().position(|&h| h == c).map(|v| v as u8);
+        let mut bytes = [0u8; 16];
+        for (byte, &at) in bytes.iter_mut().zip(&HEX_AT) {
+            *byte = digit(uuid[at])? << 4 | digit(uuid[at + 1])?;
+        }
+        Some((bytes, canonical_u64(thread)?))
+    }
+
+    #[test]
+    fn eight_digits_at_once_read_as_one_at_a_time() {
+        let valid = format!("{UUID}:42").into_bytes();
+        assert_eq!(redisson_parts(&valid), parts_digit_by_digit(&valid));
+        assert!(redisson_parts(&valid).is_some());
+        // Every byte value at every position of the uuid and the colon.
+        for at in 0..=UUID_LEN {
+            for b in 0..=255u8 {
+                let mut owner = valid.clone();
+                owner[at] = b;
+                assert_eq!(
+                    redisson_parts(&owner),
+                    parts_digit_by_digit(&owner),
+                    "byte {b:#04x} at {at}"
+                );
+            }
+        }
+        // Every digit value in every lane of every group.
+        for at in HEX_AT.iter().flat_map(|&a| [a, a + 1]) {
+            for &h in HEX {
+                let mut owner = valid.clone();
+                owner[at] = h;
+                let (bytes, _) = redisson_parts(&owner).expect("a uuid");
+                assert_eq!(Some((bytes, 42)), parts_digit_by_digit(&owner));
+            }
+        }
     }
 
     #[test]

@@ -86,6 +86,12 @@ impl Index {
         self.by_token.insert(h.token, h);
     }
 
+    /// Out of line: the hashing it sets up is not for the one-holder lock.
+    #[inline(never)]
+    fn holder(&self, owner: &[u8]) -> Option<&Holder> {
+        self.by_owner.get(owner).and_then(|t| self.by_token.get(t))
+    }
+
     fn remove(&mut self, token: u64) -> Option<Holder> {
         let h = self.by_token.remove(&token)?;
         self.reads -= h.reads as u64;
@@ -145,6 +151,7 @@ impl LockState {
         }
     }
 
+    #[inline]
     pub fn is_free(&self) -> bool {
         matches!(self.holders, Holders::Empty)
     }
@@ -180,10 +187,11 @@ impl LockState {
         }
     }
 
+    #[inline]
     pub fn holder(&self, owner: &[u8]) -> Option<&Holder> {
         match &self.holders {
             Holders::One(h) if *h.owner == *owner => Some(h),
-            Holders::Many(ix) => ix.by_owner.get(owner).and_then(|t| ix.by_token.get(t)),
+            Holders::Many(ix) => ix.holder(owner),
             _ => None,
         }
     }
@@ -347,7 +355,16 @@ impl LockState {
     }
 
     /// Ends the holds whose lease ran out before `now`, earliest first; returns how many.
+    #[inline]
     pub fn expire(&mut self, now: i64, delta: &mut Delta) -> usize {
+        if self.is_free() {
+            return 0;
+        }
+        self.expire_holders(now, delta)
+    }
+
+    #[inline(never)]
+    fn expire_holders(&mut self, now: i64, delta: &mut Delta) -> usize {
         let mut n = 0;
         while let Some(d) = self.earliest_deadline() {
             if d >= now {
@@ -413,6 +430,11 @@ impl LockState {
     }
 
     fn insert(&mut self, h: Holder) {
+        // The common first holder: written in place, no move of the old value.
+        if let Holders::Empty = self.holders {
+            self.holders = Holders::One(h);
+            return;
+        }
         self.holders = match std::mem::replace(&mut self.holders, Holders::Empty) {
             Holders::Empty => Holders::One(h),
             Holders::One(first) => {
