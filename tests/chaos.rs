@@ -1169,24 +1169,66 @@ fn compare(sh: &Shared, m: &mut Connection, rep: &mut Connection, when: &str) ->
             diff.push(format!("{k}: master {a:?} replica {b:?}"));
         }
     }
-    // KEYS and DIGEST-VALUE skip keys past their TTL that are still there;
-    // DEBUG DIGEST does not: INFO keyspace counts them.
-    let keyspace = |c: &mut Connection| -> String {
-        let s: String = redis::cmd("INFO")
-            .arg("keyspace")
-            .query(c)
-            .unwrap_or_default();
-        s.lines()
-            .filter(|l| l.starts_with("db"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     let (sm, sr) = (keyspace(m), keyspace(rep));
     sh.finding(format!(
         "{when}: replica digest {dr} != master digest {dm}; keyspace master [{sm}] replica [{sr}]; live keys that differ:\n  {}",
         diff.join("\n  ")
     ));
     false
+}
+
+/// `INFO keyspace`'s db lines: counts keys past their TTL that Redis has not
+/// reclaimed yet, which KEYS and DIGEST-VALUE skip and DEBUG DIGEST does not.
+fn keyspace(c: &mut Connection) -> String {
+    let s: String = redis::cmd("INFO")
+        .arg("keyspace")
+        .query(c)
+        .unwrap_or_default();
+    s.lines()
+        .filter(|l| l.starts_with("db"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Makes Redis delete every key past its TTL: `SCAN` expires the keys it
+/// meets (on a master whose writes are not paused), `KEYS` only skips them.
+fn reclaim_expired(c: &mut Connection) {
+    for db in 0..2 {
+        let _: () = redis::cmd("SELECT").arg(db).query(c).unwrap();
+        let mut cursor = 0u64;
+        loop {
+            let (next, _): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query(c)
+                .unwrap();
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    let _: () = redis::cmd("SELECT").arg(0).query(c).unwrap();
+}
+
+/// DEBUG DIGEST with the per-key view and `INFO keyspace` taken at the same
+/// state: keys past their TTL are reclaimed first (DEBUG DIGEST counts them
+/// until Redis's own expiry gets to them, and a restart drops them), and the
+/// snapshot is taken again if anything changed while it was being read.
+fn settled_snapshot(c: &mut Connection) -> (String, BTreeMap<String, String>, String) {
+    let mut last = None;
+    for _ in 0..5 {
+        reclaim_expired(c);
+        let d = digest(c);
+        let keys = per_key(c);
+        let space = keyspace(c);
+        if digest(c) == d {
+            return (d, keys, space);
+        }
+        last = Some((d, keys, space));
+    }
+    last.unwrap()
 }
 
 fn pause_writes(c: &mut Connection, ms: u64) {
@@ -1497,13 +1539,11 @@ fn chaos_run(seed: u64, secs: Duration, with_replica: bool) {
             &mut m,
             &["RLOCK.ACQUIRE", "after-rewrite", "z", "PX", "60000"],
         );
-        let before = digest(&mut m);
-        let keys_before = per_key(&mut m);
+        let (before, keys_before, space_before) = settled_snapshot(&mut m);
         master.restart();
         let mut m2 = master.client();
-        let after = digest(&mut m2);
+        let (after, keys_after, space_after) = settled_snapshot(&mut m2);
         if before != after {
-            let keys_after = per_key(&mut m2);
             let diff: Vec<String> = keys_before
                 .keys()
                 .chain(keys_after.keys())
@@ -1511,7 +1551,7 @@ fn chaos_run(seed: u64, secs: Duration, with_replica: bool) {
                 .map(|k| format!("{k}: {:?} -> {:?}", keys_before.get(k), keys_after.get(k)))
                 .collect();
             sh.finding(format!(
-                "restart from the AOF changed the digest {before} -> {after}:\n  {}",
+                "restart from the AOF changed the digest {before} -> {after}; keyspace [{space_before}] -> [{space_after}]; live keys that differ:\n  {}",
                 diff.join("\n  ")
             ));
         }
