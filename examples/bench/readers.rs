@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::locks::owner;
-use crate::resp::{poll_readable, Conn, Value};
+use crate::resp::{Conn, Readiness, Value};
 use crate::scale::{native_waiting, wait_until, LONG_LEASE_MS};
 use crate::server::{apart, Pinger, Server, Stall};
 use crate::{cmd, q, Env};
@@ -292,21 +292,34 @@ pub fn park_clients(port: u16, n: usize, mut queue: impl FnMut(&mut Conn, usize)
         .collect()
 }
 
-/// Reads one reply from each of `conns` as it arrives (one poll over all of
+/// Reads one reply from each of `conns` as it arrives (`epoll` over all of
 /// them), until all have one or `timeout`; returns each reply with the time
 /// it was read.
 pub fn collect_replies(conns: &mut [Conn], timeout: Duration) -> Vec<Option<(Instant, Value)>> {
     let mut out: Vec<Option<(Instant, Value)>> = vec![None; conns.len()];
-    let mut pending: Vec<usize> = (0..conns.len()).collect();
+    let all: Vec<usize> = (0..conns.len()).collect();
+    let watch = Readiness::new(conns, &all).expect("epoll");
+    // Replies read along with earlier ones never wake the epoll.
+    let mut ready: Vec<usize> = all
+        .into_iter()
+        .filter(|&i| conns[i].has_buffered())
+        .collect();
+    let mut left = conns.len();
     let end = Instant::now() + timeout;
-    while !pending.is_empty() && Instant::now() < end {
-        let ready = poll_readable(conns, &pending, Duration::from_millis(5)).expect("poll");
+    while left > 0 && Instant::now() < end {
+        if ready.is_empty() {
+            ready = watch.wait(Duration::from_millis(5)).expect("epoll wait");
+        }
         let now = Instant::now();
-        for i in ready {
+        for i in ready.drain(..) {
+            if out[i].is_some() {
+                continue;
+            }
             let v = conns[i].read().expect("reply");
             out[i] = Some((now, v));
+            watch.forget(&conns[i], i).expect("epoll del");
+            left -= 1;
         }
-        pending.retain(|&i| out[i].is_none());
     }
     out
 }

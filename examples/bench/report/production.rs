@@ -495,7 +495,8 @@ pub fn render_readers(w: &mut String, r: &Results) {
              writer releases, which admits all N at once. Release µs: the release command's \
              server time (`INFO commandstats`); the replies to the parked clients may be sent \
              outside it. All served: from sending the release to reading the last reader's \
-             grant (one `ppoll` over all the connections); per reader: that divided by N, the \
+             grant (`epoll` over all the connections, so the client's cost per reply does not \
+             grow with N); per reader: that divided by N, the \
              measure of O(N). Worst PING: a separate connection PINGing in a tight loop, over \
              the same interval.{}\n",
             if limited {
