@@ -78,31 +78,23 @@ fn integer(arg: &[u8]) -> Option<i64> {
         [b'0'] if negative => return None,
         _ => {}
     }
-    // Up to 18 digits cannot overflow: no checked arithmetic for them.
-    if digits.len() <= 18 {
-        let mut n: i64 = 0;
-        for &d in digits {
-            let d = d.wrapping_sub(b'0');
-            if d > 9 {
-                return None;
-            }
-            n = n * 10 + i64::from(d);
-        }
-        return Some(if negative { -n } else { n });
+    // 19 digits fit a u64 unchecked (i64's limits have 19); the sign's range
+    // is checked once at the end, where i64::MIN has no positive twin.
+    if digits.len() > 19 {
+        return None;
     }
-    let mut n: i64 = 0;
+    let mut n: u64 = 0;
     for &d in digits {
-        let d = i64::from(d.wrapping_sub(b'0'));
+        let d = d.wrapping_sub(b'0');
         if d > 9 {
             return None;
         }
-        // Accumulated on the negative side: i64::MIN has no positive twin.
-        n = n.checked_mul(10)?.checked_sub(d)?;
+        n = n * 10 + u64::from(d);
     }
-    if negative {
-        Some(n)
-    } else {
-        n.checked_neg()
+    match negative {
+        false => i64::try_from(n).ok(),
+        true if n <= i64::MIN.unsigned_abs() => Some((n as i64).wrapping_neg()),
+        true => None,
     }
 }
 
@@ -361,6 +353,10 @@ mod tests {
             "-999999999999999999",
             "1000000000000000000",
             "-1000000000000000000",
+            "9999999999999999999",
+            "-9999999999999999999",
+            "18446744073709551615",
+            "18446744073709551616",
             "3600000",
             "/",
             ":",
