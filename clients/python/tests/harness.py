@@ -80,7 +80,7 @@ class Server:
             except redis.ConnectionError:
                 pass
             if self.proc.poll() is not None:
-                with open(os.path.join(self.dir, "server.log")) as f:
+                with open(os.path.join(self.dir, "server.log"), errors="replace") as f:
                     if "Address already in use" in f.read():
                         return False
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -115,7 +115,11 @@ impl Server {
             }
             if let Some(status) = s.child.as_mut().unwrap().try_wait().unwrap() {
                 s.child = None;
-                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                // Lossy: a log may hold bytes that are not UTF-8.
+                let log = String::from_utf8_lossy(
+                    &std::fs::read(dir.join("server.log")).unwrap_or_default(),
+                )
+                .into_owned();
                 if log.contains("Address already in use") {
                     return None;
                 }
