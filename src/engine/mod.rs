@@ -452,34 +452,9 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
                 Admission::Busy => false,
             };
             if granted {
-                let deadline = now.saturating_add(lease_ms);
-                let issue = &mut || token::issue(now);
-                return match state.grant(owner, mode, deadline, issue, &mut change.delta) {
-                    Ok(token) => {
-                        stats::bump(&stats::GRANTS, 1);
-                        change.dirty = true;
-                        change.acquired = true;
-                        if keepalive {
-                            crate::keepalive::bind(db, name, token, client_id(ctx), lease_ms);
-                        } else {
-                            crate::keepalive::lease_changed(db, name, token, lease_ms);
-                        }
-                        Reply::Int(token as i64)
-                    }
-                    Err(refused) => Reply::err(refused.0),
-                };
-            }
-            match block {
-                Some(timeout) if blocking::may_block(ctx) => {
-                    let id = blocking::enqueue(db, name, kind, owner, mode, lease_ms);
-                    change.park = Some(Park {
-                        id,
-                        timeout,
-                        keepalive: keepalive.then_some(lease_ms),
-                    });
-                    Reply::Parked
-                }
-                _ => Reply::Null,
+                grant(ctx, o, owner, mode, lease_ms, keepalive, now)
+            } else {
+                park_or_decline(ctx, o, owner, mode, lease_ms, block, keepalive)
             }
         }
         Action::Release { owner, mode } => match state.release(owner, mode, &mut change.delta) {
@@ -514,24 +489,7 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             change.dirty = true;
             Reply::Simple(c"OK")
         }
-        Action::Replay(_, ops) => match state.replay(&ops, token::max_accepted(now)) {
-            Ok(()) => {
-                for op in ops.iter() {
-                    match op {
-                        Op::New { token: t, .. } | Op::Whole { token: t, .. } => token::observe(*t),
-                        // Only onto an empty key: its holders are the state's.
-                        Op::Lock { .. } => state.iter().for_each(|h| token::observe(h.token)),
-                        _ => {}
-                    }
-                }
-                change.dirty = true;
-                // Only a master link or the AOF sends a delta, and neither
-                // reads the reply: the steps applied is the cheapest to make
-                // (one shared object for the usual 1; `+OK` is three writes).
-                Reply::Int(ops.len() as i64)
-            }
-            Err(e) => Reply::err(e),
-        },
+        Action::Replay(_, ops) => replay(o, &ops, now),
         Action::KeepAlive { token, lease_ms } => {
             let deadline = now.saturating_add(lease_ms);
             match state.renew_tenure(token, deadline, &mut change.delta) {
@@ -550,6 +508,86 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             Err(_) => Reply::Null,
         },
         Action::Expire | Action::Serve => Reply::Null,
+    }
+}
+
+/// An admitted acquire: the grant, its token, and the holding's KEEPALIVE
+/// binding (or the binding's lease when another connection bound it).
+#[inline]
+fn grant(
+    ctx: *mut Ctx,
+    o: &mut Opened,
+    owner: &[u8],
+    mode: Mode,
+    lease_ms: i64,
+    keepalive: bool,
+    now: i64,
+) -> Reply {
+    let (db, name, state, change) = (o.db, o.name, o.slot.state(), &mut o.change);
+    let deadline = now.saturating_add(lease_ms);
+    let issue = &mut || token::issue(now);
+    match state.grant(owner, mode, deadline, issue, &mut change.delta) {
+        Ok(token) => {
+            stats::bump(&stats::GRANTS, 1);
+            change.dirty = true;
+            change.acquired = true;
+            if keepalive {
+                crate::keepalive::bind(db, name, token, client_id(ctx), lease_ms);
+            } else {
+                crate::keepalive::lease_changed(db, name, token, lease_ms);
+            }
+            Reply::Int(token as i64)
+        }
+        Err(refused) => Reply::err(refused.0),
+    }
+}
+
+/// An acquire that must wait: the client is queued and parked if it asked to
+/// block and may (not in MULTI or a script), else answered null.
+fn park_or_decline(
+    ctx: *mut Ctx,
+    o: &mut Opened,
+    owner: &[u8],
+    mode: Mode,
+    lease_ms: i64,
+    block: Option<i64>,
+    keepalive: bool,
+) -> Reply {
+    match block {
+        Some(timeout) if blocking::may_block(ctx) => {
+            let id = blocking::enqueue(o.db, o.name, o.kind, owner, mode, lease_ms);
+            o.change.park = Some(Park {
+                id,
+                timeout,
+                keepalive: keepalive.then_some(lease_ms),
+            });
+            Reply::Parked
+        }
+        _ => Reply::Null,
+    }
+}
+
+/// A replicated delta (a master's effect or the AOF), applied as it came;
+/// the tokens it carries raise this server's floor for new ones.
+fn replay(o: &mut Opened, ops: &[Op], now: i64) -> Reply {
+    let state = o.slot.state();
+    match state.replay(ops, token::max_accepted(now)) {
+        Ok(()) => {
+            for op in ops {
+                match op {
+                    Op::New { token: t, .. } | Op::Whole { token: t, .. } => token::observe(*t),
+                    // Only onto an empty key: its holders are the state's.
+                    Op::Lock { .. } => state.iter().for_each(|h| token::observe(h.token)),
+                    _ => {}
+                }
+            }
+            o.change.dirty = true;
+            // Only a master link or the AOF sends a delta, and neither reads
+            // the reply: the steps applied is the cheapest to make (one
+            // shared object for the usual 1; `+OK` is three writes).
+            Reply::Int(ops.len() as i64)
+        }
+        Err(e) => Reply::err(e),
     }
 }
 
