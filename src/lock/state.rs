@@ -585,52 +585,18 @@ impl LockState {
     /// take it back.
     fn replay_one(&mut self, op: &Op, max_token: u64) -> Result<Undo, &'static str> {
         let bad = err::INVALID_DELTA;
-        let mut off = Delta::off();
         Ok(match *op {
             Op::New {
                 mode,
                 token,
                 deadline,
                 owner,
-            } => {
-                // A replayed request is admitted under the state's limit.
-                let mode = match mode {
-                    Mode::Permits { count, .. } => Mode::Permits {
-                        count,
-                        limit: self.limit,
-                    },
-                    m => m,
-                };
-                let fits = self.mode_allowed(mode)
-                    && !owner.is_empty()
-                    && (1..=max_token).contains(&token)
-                    && deadline >= 0
-                    && self.by_token(token).is_none()
-                    && self.holder(owner).is_none()
-                    && self.admit(owner, mode) == Admission::Fresh;
-                if !fits {
-                    return Err(bad);
-                }
-                self.grant(owner, mode, deadline, &mut || Some(token), &mut off)
-                    .map_err(|_| bad)?;
-                Undo::Remove(token)
-            }
+            } => self.replay_new(owner, mode, token, deadline, max_token)?,
             Op::Hold {
                 token,
                 mode,
                 deadline,
-            } => {
-                let h = self.by_token(token).ok_or(bad)?;
-                let upgrade = self.kind == Kind::ReadWrite && mode == Mode::Write && h.writes == 0;
-                let over_limit = self.used() + mode.amount() as u64 > self.limit as u64;
-                let permits_over = matches!(mode, Mode::Permits { .. }) && over_limit;
-                if !self.mode_allowed(mode) || deadline < 0 || upgrade || permits_over {
-                    return Err(bad);
-                }
-                let before = Undo::counts(h);
-                self.add_hold(token, mode, deadline).map_err(|_| bad)?;
-                before
-            }
+            } => self.replay_hold(token, mode, deadline)?,
             Op::Release { token, mode } => {
                 let h = self.by_token(token).ok_or(bad)?;
                 if !self.mode_allowed(mode) || h.holds(mode) < mode.amount() {
@@ -701,6 +667,56 @@ impl LockState {
                 before
             }
         })
+    }
+
+    /// A new holder as the master granted it: admitted here too, or refused.
+    fn replay_new(
+        &mut self,
+        owner: &[u8],
+        mode: Mode,
+        token: u64,
+        deadline: i64,
+        max_token: u64,
+    ) -> Result<Undo, &'static str> {
+        let bad = err::INVALID_DELTA;
+        // A replayed request is admitted under the state's limit.
+        let mode = match mode {
+            Mode::Permits { count, .. } => Mode::Permits {
+                count,
+                limit: self.limit,
+            },
+            m => m,
+        };
+        let fits = self.mode_allowed(mode)
+            && !owner.is_empty()
+            && (1..=max_token).contains(&token)
+            && deadline >= 0
+            && self.by_token(token).is_none()
+            && self.holder(owner).is_none()
+            && self.admit(owner, mode) == Admission::Fresh;
+        if !fits {
+            return Err(bad);
+        }
+        let mut off = Delta::off();
+        self.grant(owner, mode, deadline, &mut || Some(token), &mut off)
+            .map_err(|_| bad)?;
+        Ok(Undo::Remove(token))
+    }
+
+    /// One more hold (reentry) of a holder, by its token; never an upgrade
+    /// nor permits past the limit.
+    fn replay_hold(&mut self, token: u64, mode: Mode, deadline: i64) -> Result<Undo, &'static str> {
+        let bad = err::INVALID_DELTA;
+        let h = self.by_token(token).ok_or(bad)?;
+        let upgrade = self.kind == Kind::ReadWrite && mode == Mode::Write && h.writes == 0;
+        let over_limit = self.used() + mode.amount() as u64 > self.limit as u64;
+        let permits_over = matches!(mode, Mode::Permits { .. }) && over_limit;
+        if !self.mode_allowed(mode) || deadline < 0 || upgrade || permits_over {
+            return Err(bad);
+        }
+        let before = Undo::counts(h);
+        self.add_hold(token, mode, deadline).map_err(|_| bad)?;
+        Ok(before)
     }
 
     fn mode_allowed(&self, mode: Mode) -> bool {
