@@ -638,49 +638,9 @@ enum Origin {
 
 /// Writes the outcome back to the keyspace and tells everyone who must know.
 fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
-    let (key, keyname, db, name, kind) = (&o.key, o.keyname, o.db, o.name, o.kind);
+    let (key, keyname, db, name) = (&o.key, o.keyname, o.db, o.name);
     let change = &o.change;
-    let gone = match &o.slot {
-        Slot::Existing(p) => change.dirty && unsafe { (**p).is_free() },
-        // A packed lock always had a holder.
-        Slot::Unpacked(_, state) => state.is_free(),
-        Slot::Fresh(_) | Slot::Packed(_) => false,
-    };
-    if gone {
-        // The unlink hook must read the value as free (a release, not a
-        // deletion under its holder).
-        if let Slot::Unpacked(block, _) = o.slot {
-            unsafe { (*block).clear() };
-        }
-        crate::lease::unwatch(db, name);
-        unsafe { api!(RedisModule_DeleteKey)(key.raw) };
-    }
-    let state: Option<&LockState> = match &mut o.slot {
-        _ if gone => None,
-        Slot::Existing(p) => Some(unsafe { &**p }),
-        // Every change marks the change dirty: a refused or busy request
-        // leaves the block as it is.
-        Slot::Unpacked(block, state) if change.dirty => {
-            match unsafe { store::repack(key, *block, state) } {
-                Some(full) => Some(unsafe { &*full }),
-                None => Some(state),
-            }
-        }
-        Slot::Unpacked(_, state) => Some(state),
-        Slot::Fresh(state) if state.is_free() => None,
-        Slot::Fresh(state) => match unsafe { store::put(key, state) } {
-            Some(full) => Some(unsafe { &*full }),
-            None => Some(state),
-        },
-        // Still packed, so nothing read it as a state: nobody was served, so
-        // nobody waits on the key (which would want the lease watched), and
-        // the file sets the key's TTL (`Origin::Rewritten`).
-        Slot::Packed(c) => {
-            debug_assert!(origin == Origin::Rewritten);
-            unsafe { store::put_packed(key, *c) };
-            None
-        }
-    };
+    let (gone, state) = write_back(key, db, name, &mut o.slot, change.dirty, origin);
     let mut modified = gone || change.dirty;
     if let Some(state) = state {
         if let Some(latest) = state.latest_deadline() {
@@ -703,6 +663,81 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
     if modified {
         unsafe { api!(RedisModule_SignalModifiedKey)(ctx, keyname) };
     }
+    announce(ctx, keyname, db, name, o.kind, change, origin);
+}
+
+/// The state back into the key: deleted once free, packed again when it fits
+/// a block, stored when new. Whether the key went, and the state it holds
+/// now (none when gone, or still packed as it arrived).
+#[inline]
+fn write_back<'s>(
+    key: &Key,
+    db: i32,
+    name: &[u8],
+    slot: &'s mut Slot,
+    dirty: bool,
+    origin: Origin,
+) -> (bool, Option<&'s LockState>) {
+    let gone = match &*slot {
+        Slot::Existing(p) => dirty && unsafe { (**p).is_free() },
+        // A packed lock always had a holder.
+        Slot::Unpacked(_, state) => state.is_free(),
+        Slot::Fresh(_) | Slot::Packed(_) => false,
+    };
+    if gone {
+        // The unlink hook must read the value as free (a release, not a
+        // deletion under its holder).
+        if let Slot::Unpacked(block, _) = *slot {
+            unsafe { (*block).clear() };
+        }
+        crate::lease::unwatch(db, name);
+        unsafe { api!(RedisModule_DeleteKey)(key.raw) };
+    }
+    let state: Option<&LockState> = match slot {
+        _ if gone => None,
+        Slot::Existing(p) => Some(unsafe { &**p }),
+        Slot::Unpacked(block, state) => {
+            // Every change marks the change dirty: a refused or busy request
+            // leaves the block as it is.
+            let full = if dirty {
+                unsafe { store::repack(key, *block, state) }
+            } else {
+                None
+            };
+            match full {
+                Some(full) => Some(unsafe { &*full }),
+                None => Some(state),
+            }
+        }
+        Slot::Fresh(state) if state.is_free() => None,
+        Slot::Fresh(state) => match unsafe { store::put(key, state) } {
+            Some(full) => Some(unsafe { &*full }),
+            None => Some(state),
+        },
+        // Still packed, so nothing read it as a state: nobody was served, so
+        // nobody waits on the key (which would want the lease watched), and
+        // the file sets the key's TTL (`Origin::Rewritten`).
+        Slot::Packed(c) => {
+            debug_assert!(origin == Origin::Rewritten);
+            unsafe { store::put_packed(key, *c) };
+            None
+        }
+    };
+    (gone, state)
+}
+
+/// The change's effect to replicas and the AOF, then its messages and
+/// keyspace events.
+#[inline]
+fn announce(
+    ctx: *mut Ctx,
+    keyname: *mut RStr,
+    db: i32,
+    name: &[u8],
+    kind: Kind,
+    change: &Change,
+    origin: Origin,
+) {
     if !change.delta.is_empty() {
         crate::effect::replicate(ctx, keyname, change.delta.bytes());
     } else if matches!(origin, Origin::Replicated | Origin::Rewritten)
