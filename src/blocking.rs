@@ -325,30 +325,7 @@ pub fn park(
     keepalive_lease: Option<i64>,
 ) {
     let keepalive = keepalive_lease.map(|lease| (crate::engine::client_id(ctx), lease));
-    let cluster = crate::ffi::ctx_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0;
-    let parking: Vec<Option<OwnedStr>> = keynames
-        .iter()
-        .map(|k| parking_name(unsafe { bytes(*k) }, cluster).map(|n| OwnedStr::new(&n)))
-        .collect();
-    let mut names: Vec<*mut RStr> = keynames
-        .iter()
-        .zip(&parking)
-        .map(|(key, name)| name.as_ref().map_or(*key, OwnedStr::ptr))
-        .collect();
-    let privdata = id_as_privdata(id);
-    let bc = unsafe {
-        api!(RedisModule_BlockClientOnKeys)(
-            ctx,
-            Some(on_key_ready),
-            Some(on_timeout),
-            None,
-            0,
-            names.as_mut_ptr(),
-            names.len() as c_int,
-            privdata,
-        )
-    };
-    unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect)) };
+    let bc = block_on_parking_names(ctx, keynames, id);
     let keys: Vec<Vec<u8>> = keynames
         .iter()
         .map(|k| unsafe { bytes(*k) }.to_vec())
@@ -363,42 +340,80 @@ pub fn park(
             with_queue(db, key, |q| q.set_deadline(id, deadline));
         }
     }
-    let parked_at = now_ms();
     // Queued on each of its keys just before it parks, under its owner.
     let owner = keys
         .first()
         .and_then(|key| with_queue(db, key, |q| q.get(id).map(|w| w.owner.clone())))
         .flatten()
         .unwrap_or_else(|| Owner::new(b""));
+    register(
+        id,
+        Record {
+            bc,
+            db,
+            keys,
+            status: Status::Waiting,
+            deadline,
+            keepalive,
+            parked_at: now_ms(),
+            owner,
+        },
+    );
+    if deadline != 0 {
+        arm(ctx);
+    }
+}
+
+/// Blocks the calling client on the parking names beside its keys
+/// (`parking_name`), with no timeout of Redis's, and hears its disconnect.
+fn block_on_parking_names(
+    ctx: *mut Ctx,
+    keynames: &[*mut RStr],
+    id: u64,
+) -> *mut RedisModuleBlockedClient {
+    let cluster = crate::ffi::ctx_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0;
+    let parking: Vec<Option<OwnedStr>> = keynames
+        .iter()
+        .map(|k| parking_name(unsafe { bytes(*k) }, cluster).map(|n| OwnedStr::new(&n)))
+        .collect();
+    let mut names: Vec<*mut RStr> = keynames
+        .iter()
+        .zip(&parking)
+        .map(|(key, name)| name.as_ref().map_or(*key, OwnedStr::ptr))
+        .collect();
+    let bc = unsafe {
+        api!(RedisModule_BlockClientOnKeys)(
+            ctx,
+            Some(on_key_ready),
+            Some(on_timeout),
+            None,
+            0,
+            names.as_mut_ptr(),
+            names.len() as c_int,
+            id_as_privdata(id),
+        )
+    };
+    unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect)) };
+    bc
+}
+
+/// A parked waiter's record, indexed by its BLOCK deadline (timeouts), by
+/// when it parked (deadlock detection) and by its owner.
+fn register(id: u64, record: Record) {
     with(|r| {
-        if deadline != 0 {
-            r.deadlines.insert((deadline, id));
+        if record.deadline != 0 {
+            r.deadlines.insert((record.deadline, id));
         }
-        r.unchecked.insert((parked_at, id));
-        let single_key = keys.len() == 1;
-        match r.by_owner.entry(owner.clone()) {
+        r.unchecked.insert((record.parked_at, id));
+        let single_key = record.keys.len() == 1;
+        match r.by_owner.entry(record.owner.clone()) {
             Entry::Occupied(mut e) => e.get_mut().add(id),
             Entry::Vacant(e) => {
                 e.insert(OwnerParked::One { id, single_key });
             }
         }
-        r.records.insert(
-            id,
-            Record {
-                bc,
-                db,
-                keys,
-                status: Status::Waiting,
-                deadline,
-                keepalive,
-                parked_at,
-                owner,
-            },
-        )
+        r.records.insert(id, record);
     });
-    if deadline != 0 {
-        arm(ctx);
-    }
 }
 
 /// Serves the queue of a key for the engine: waiters past their BLOCK time
