@@ -511,8 +511,9 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
     }
 }
 
-/// An admitted acquire: the grant, its token, and the holding's KEEPALIVE
-/// binding (or the binding's lease when another connection bound it).
+/// An admitted acquire: the grant and its token. With KEEPALIVE the holding
+/// is bound to this connection; without, a bound holding acquired again
+/// gives its binding this lease.
 #[inline]
 fn grant(
     ctx: *mut Ctx,
@@ -543,7 +544,7 @@ fn grant(
 }
 
 /// An acquire that must wait: the client is queued and parked if it asked to
-/// block and may (not in MULTI or a script), else answered null.
+/// block and may (`blocking::may_block`), else answered null.
 fn park_or_decline(
     ctx: *mut Ctx,
     o: &mut Opened,
@@ -668,7 +669,8 @@ fn commit(ctx: *mut Ctx, o: &mut Opened, origin: Origin) {
 
 /// The state back into the key: deleted once free, packed again when it fits
 /// a block, stored when new. Whether the key went, and the state it holds
-/// now (none when gone, or still packed as it arrived).
+/// now: none when it went, when a new state stayed free (nothing stored),
+/// or when it was stored packed as it arrived.
 #[inline]
 fn write_back<'s>(
     key: &Key,
