@@ -62,8 +62,10 @@ struct Record {
     status: Status,
     /// BLOCK deadline (unix ms), 0 for none.
     deadline: i64,
-    /// KEEPALIVE: (its client id, lease) to bind what it is granted to.
-    keepalive: Option<(u64, i64)>,
+    /// Its connection's client id.
+    client: u64,
+    /// KEEPALIVE: the lease to bind what it is granted to its connection with.
+    keepalive: Option<i64>,
     /// When it was parked (unix ms), for deadlock detection.
     parked_at: i64,
     /// Its owner, to find it in `by_owner` when it leaves.
@@ -324,7 +326,7 @@ pub fn park(
     timeout_ms: i64,
     keepalive_lease: Option<i64>,
 ) {
-    let keepalive = keepalive_lease.map(|lease| (crate::engine::client_id(ctx), lease));
+    let client = crate::engine::client_id(ctx);
     let bc = block_on_parking_names(ctx, keynames, id);
     let keys: Vec<Vec<u8>> = keynames
         .iter()
@@ -354,7 +356,8 @@ pub fn park(
             keys,
             status: Status::Waiting,
             deadline,
-            keepalive,
+            client,
+            keepalive: keepalive_lease,
             parked_at: now_ms(),
             owner,
         },
@@ -386,7 +389,7 @@ fn block_on_parking_names(
             ctx,
             Some(on_key_ready),
             Some(on_timeout),
-            None,
+            Some(on_unblocked),
             0,
             names.as_mut_ptr(),
             names.len() as c_int,
@@ -710,13 +713,13 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
             due
         });
         for id in due {
-            // Still waiting: answered by on_timeout as a timeout (null).
-            let bc = with(|r| match r.records.get(&id) {
-                Some(rec) if matches!(rec.status, Status::Waiting) => Some(rec.bc),
-                _ => None,
+            let waiting = with(|r| {
+                r.records
+                    .get(&id)
+                    .is_some_and(|rec| matches!(rec.status, Status::Waiting))
             });
-            if let Some(bc) = bc {
-                api!(RedisModule_UnblockClient)(bc, std::ptr::null_mut());
+            if waiting {
+                unblock(id, Status::TimedOut);
             }
         }
         let retry = with(|r| !r.withheld.is_empty())
@@ -768,7 +771,8 @@ fn bind_granted(id: u64, tokens: &[u64], lease_ms: i64) {
     let any_bound = crate::keepalive::any_bound();
     let granted = with(|r| {
         let rec = r.records.get(&id)?;
-        (rec.keepalive.is_some() || any_bound).then(|| (rec.db, rec.keys.clone(), rec.keepalive))
+        let keepalive = rec.keepalive.map(|lease| (rec.client, lease));
+        (keepalive.is_some() || any_bound).then(|| (rec.db, rec.keys.clone(), keepalive))
     });
     let Some((db, keys, keepalive)) = granted else {
         return;
@@ -803,14 +807,16 @@ pub fn fail_all(db: i32, key: &[u8], error: &str) {
 }
 
 fn unblock(id: u64, status: Status) {
-    let bc = with(|r| {
+    let waiter = with(|r| {
         r.records.get_mut(&id).map(|rec| {
             rec.status = status;
-            rec.bc
+            (rec.bc, rec.client)
         })
     });
-    if let Some(bc) = bc {
-        // Runs on_timeout synchronously for key-blocked clients (Redis 7.0+).
+    if let Some((bc, client)) = waiter {
+        crate::answered::mark(id, client);
+        // Runs on_timeout at once for key-blocked clients (Redis 7.0+); Redis
+        // unblocks the client later, which `answered` covers.
         unsafe { api!(RedisModule_UnblockClient)(bc, std::ptr::null_mut()) };
     }
 }
@@ -901,6 +907,14 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
 
 pub fn tokens_reply(tokens: &[u64]) -> Reply {
     Reply::Array(tokens.iter().map(|t| Reply::Int(*t as i64)).collect())
+}
+
+/// Redis has unblocked the waiter (however its wait ended) and frees its
+/// private data: its id, nothing to free.
+unsafe extern "C" fn on_unblocked(_ctx: *mut Ctx, privdata: *mut c_void) {
+    crate::ffi::contained("blocked-client unblocked", (), || {
+        crate::answered::unblocked(privdata.addr() as u64)
+    })
 }
 
 unsafe extern "C" fn on_disconnect(ctx: *mut Ctx, _bc: *mut RedisModuleBlockedClient) {

@@ -4,6 +4,7 @@
 //! `lock` (pure, no FFI); `engine` applies them to keys; `blocking`, `lease`,
 //! `store`, `notify` and `token` are the Redis-facing machinery they share.
 
+mod answered;
 mod blocking;
 mod commands;
 mod config;

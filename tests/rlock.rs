@@ -390,6 +390,58 @@ fn client_unblock_answers_nil_or_error_and_dequeues() {
     assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
 }
 
+/// A waiter granted, then named by `CLIENT UNBLOCK` in the same turn of the
+/// event loop (Redis unblocks a served module waiter only before the loop
+/// sleeps), keeps its token and its connection stays in step: the UNBLOCK
+/// finds no waiting client. Before the module filtered such UNBLOCKs,
+/// Redis 7.0 answered the waiter twice (token, then `-UNBLOCKED` as the
+/// reply to its next command) and Redis 8.2 and Valkey 8.1 answered
+/// `-UNBLOCKED` while the lock was held in its name (tests/chaos.rs found it).
+#[test]
+fn client_unblock_in_the_turn_of_a_grant_leaves_the_grant_alone() {
+    let s = Server::start();
+    let mut c = s.client();
+    for extra in [None, Some("ERROR"), Some("TIMEOUT")] {
+        int(&mut c, &["RLOCK.ACQUIRE", "k", "a"]);
+        let mut w = s.client();
+        let id = client_id(&mut w);
+        let waiter = std::thread::spawn(move || {
+            let granted = call(&mut w, &["RLOCK.ACQUIRE", "k", "b", "BLOCK", "0"]);
+            let next = call(&mut w, &["PING"]);
+            (granted, next, w)
+        });
+        wait_parked(&mut c, 1);
+        // One write: both run in one turn, the UNBLOCK right after the grant.
+        let mut pipe = redis::pipe();
+        pipe.cmd("RLOCK.RELEASE").arg("k").arg("a");
+        pipe.cmd("CLIENT").arg("UNBLOCK").arg(id);
+        if let Some(e) = extra {
+            pipe.arg(e);
+        }
+        let (remaining, unblocked): (i64, i64) = pipe.query(&mut c).unwrap();
+        assert_eq!((remaining, unblocked), (0, 0), "{extra:?}");
+        let (granted, next, mut w) = waiter.join().unwrap();
+        let token = as_int(&granted.unwrap());
+        assert_eq!(
+            next.unwrap(),
+            Value::SimpleString("PONG".into()),
+            "{extra:?}"
+        );
+        let info = info_map(&mut c, &["RLOCK.INFO", "k"]).unwrap();
+        assert_eq!(as_string(&field(&info, "owner")), "b");
+        assert_eq!(as_int(&field(&info, "token")), token);
+        // Once Redis has unblocked it, an UNBLOCK of its next wait goes through.
+        let waiter =
+            std::thread::spawn(move || call(&mut w, &["RLOCK.ACQUIRE", "k", "d", "BLOCK", "0"]));
+        wait_parked(&mut c, 1);
+        let n: i64 = cmd("CLIENT").arg("UNBLOCK").arg(id).query(&mut c).unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(waiter.join().unwrap().unwrap(), Value::Nil);
+        int(&mut c, &["RLOCK.RELEASE", "k", "b"]);
+    }
+    assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
+}
+
 #[test]
 fn one_release_wakes_exactly_one_waiter() {
     let s = Server::start();
