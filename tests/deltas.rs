@@ -399,6 +399,17 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
     }
     let refused = s.log().matches("refused a replicated change").count();
     assert_eq!(refused, 10, "{}", s.log());
+    // A refused step is logged with the steps and what the key held.
+    let log = s.log();
+    let over = log
+        .lines()
+        .find(|l| l.contains("change to key 'w'"))
+        .expect("the refusal for 'w' is logged");
+    let held = format!("here: Reentrant with 1 holder(s) [ow/{t3}/0/1/");
+    assert!(
+        over.contains("steps [Lock {") && over.contains(&held),
+        "{over}"
+    );
     // Later tokens are above everything loaded, and nothing was poisoned.
     let t = int(&mut c, &["RLOCK.ACQUIRE", "next", "z"]);
     assert!(t > token2.parse::<i64>().unwrap());

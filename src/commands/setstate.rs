@@ -8,9 +8,10 @@
 use redis_module::raw;
 
 use crate::engine::{self, Action};
-use crate::ffi::{bytes, ctx_flags, log_warning, now_ms, Ctx, RStr, Reply};
-use crate::lock::{delta, err};
-use crate::store::parse_setstate;
+use crate::ffi::{bytes, ctx_flags, log_warning, now_ms, Ctx, Key, RStr, Reply};
+use crate::lock::delta::{self, Op};
+use crate::lock::err;
+use crate::store::{lock_at, parse_setstate};
 
 fn trusted(ctx: *mut Ctx, name: &str) -> Result<(), Reply> {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
@@ -47,13 +48,23 @@ pub fn delta(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
     // A master propagates a delta in the slots of the command that made it,
     // the ones left over empty (`effect`).
     let filled = argv[3..].iter().all(|a| unsafe { bytes(*a) }.is_empty());
-    let reply = match delta::decode(unsafe { bytes(argv[2]) }) {
-        Some((kind, ops)) if filled => {
-            engine::execute(ctx, argv[1], None, Action::Replay(kind, ops))
-        }
-        _ => Reply::err(err::INVALID_DELTA),
+    let Some((kind, ops)) = delta::decode(unsafe { bytes(argv[2]) }).filter(|_| filled) else {
+        return logged(argv[1], Reply::err(err::INVALID_DELTA));
     };
-    logged(argv[1], reply)
+    let reply = engine::execute(ctx, argv[1], None, Action::Replay(kind, ops));
+    if let Reply::Error(e) = &reply {
+        // Read again (the engine took them): only a refusal pays for this.
+        let steps: Vec<String> = delta::decode(unsafe { bytes(argv[2]) })
+            .map(|(_, ops)| ops.iter().take(MAX_LISTED).map(step_text).collect())
+            .unwrap_or_default();
+        log_warning(&format!(
+            "rlock: refused a replicated change to key '{}': {e}; {kind:?} steps [{}]; here: {}",
+            String::from_utf8_lossy(unsafe { bytes(argv[1]) }),
+            steps.join(", "),
+            held_here(ctx, argv[1]),
+        ));
+    }
+    reply
 }
 
 /// A replicated change that cannot be applied leaves the key as it was; the
@@ -66,4 +77,57 @@ fn logged(key: *mut RStr, reply: Reply) -> Reply {
         ));
     }
     reply
+}
+
+/// Steps and holders a refusal's log line lists at most.
+const MAX_LISTED: usize = 8;
+
+fn step_text(op: &Op) -> String {
+    let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    match *op {
+        Op::New {
+            mode,
+            token,
+            deadline,
+            owner,
+        } => format!(
+            "New {{ owner: {:?}, mode: {mode:?}, token: {token}, deadline: {deadline} }}",
+            lossy(owner)
+        ),
+        Op::Whole { token, owner, .. } => {
+            format!("Whole {{ owner: {:?}, token: {token} }}", lossy(owner))
+        }
+        Op::Lock { encoded } => format!("Lock {{ {} bytes }}", encoded.len()),
+        other => format!("{other:?}"),
+    }
+}
+
+/// The lock this server has at `key` (what a refused change met), its
+/// holders as `owner/token/reads/writes/deadline`.
+fn held_here(ctx: *mut Ctx, key: *mut RStr) -> String {
+    let k = Key::open(ctx, key, false);
+    let Ok(found) = lock_at(&k) else {
+        return "a key of another type".into();
+    };
+    let Some(lock) = found else {
+        return "no key".into();
+    };
+    let state = unsafe { lock.state() };
+    let holders: Vec<String> = state
+        .iter()
+        .take(MAX_LISTED)
+        .map(|h| {
+            let owner = String::from_utf8_lossy(&h.owner);
+            format!(
+                "{owner}/{}/{}/{}/{}",
+                h.token, h.reads, h.writes, h.deadline
+            )
+        })
+        .collect();
+    format!(
+        "{:?} with {} holder(s) [{}]",
+        state.kind(),
+        state.iter().count(),
+        holders.join(", ")
+    )
 }
