@@ -12,9 +12,9 @@
 //! refused replicated change, nor any error the replica answered its master's
 //! stream with (Redis's own commands too); every reply has the shape its
 //! command promises and every error reply is one the contract allows (the
-//! kinds seen are printed); no
-//! command hangs; at mid-run snapshots (traffic stopped, writes paused, the
-//! replica caught up) the replica's `DEBUG DIGEST` equals the master's (per-key
+//! kinds seen are printed); no command hangs; at mid-run snapshots (traffic
+//! stopped, writes paused, the replica caught up) the replica's `DEBUG
+//! DIGEST` equals the master's (per-key
 //! `DEBUG DIGEST-VALUE` differences are printed when not); at the end, with every
 //! client gone, no waiter or KEEPALIVE binding is left, `DEBUG RELOAD` and a
 //! restart from the AOF give back the same digest, the replica follows, and after
