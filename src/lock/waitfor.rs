@@ -373,7 +373,7 @@ impl WaitFor {
         for pair in walk.windows(2) {
             let ((from, _), (to, via)) = (pair[0], pair[1]);
             owners.push(self.name(from).clone());
-            owners.extend(self.stretch(from, Some(to)).cloned());
+            owners.extend(self.stretch(from, to).cloned());
             victim = victim.max(via);
         }
         let &(last, first_via) = walk.last()?;
@@ -404,19 +404,17 @@ impl WaitFor {
 
     /// The owners of the members an edge `from -> to` between two members
     /// of a run that are nodes stands for (none for any other edge).
-    fn stretch(&self, from: Node, to: Option<Node>) -> impl Iterator<Item = &Owner> {
-        let span = match (
-            self.run_node.get(&from),
-            to.and_then(|t| self.run_node.get(&t)),
-        ) {
+    fn stretch(&self, from: Node, to: Node) -> impl Iterator<Item = &Owner> {
+        // A slice, empty for other edges (not an `Option` of a range: its
+        // iterator compiled to a compare of the absent range, which valgrind
+        // reports as a jump on uninitialised memory).
+        let members = match (self.run_node.get(&from), self.run_node.get(&to)) {
             (Some(&(run, a)), Some(&(run_to, b))) if run == run_to && b > a => {
-                Some((run, a as usize + 1..b as usize))
+                &self.runs[run as usize].members[a as usize + 1..b as usize]
             }
-            _ => None,
+            _ => &[],
         };
-        span.into_iter()
-            .flat_map(move |(run, range)| self.runs[run as usize].members[range].iter())
-            .map(|m| &m.owner)
+        members.iter().map(|m| &m.owner)
     }
 
     /// The owners of the members after position `at` of `run`, up to node
