@@ -35,7 +35,7 @@ pub fn setstate(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
         Ok(state) => engine::execute(ctx, argv[1], None, Action::SetState(state)),
         Err(e) => Reply::err(e),
     };
-    logged(argv[1], reply)
+    logged(argv[1], reply, String::new)
 }
 
 pub fn delta(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
@@ -49,31 +49,30 @@ pub fn delta(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
     // the ones left over empty (`effect`).
     let filled = argv[3..].iter().all(|a| unsafe { bytes(*a) }.is_empty());
     let Some((kind, ops)) = delta::decode(unsafe { bytes(argv[2]) }).filter(|_| filled) else {
-        return logged(argv[1], Reply::err(err::INVALID_DELTA));
+        return logged(argv[1], Reply::err(err::INVALID_DELTA), String::new);
     };
     let reply = engine::execute(ctx, argv[1], None, Action::Replay(kind, ops));
-    if let Reply::Error(e) = &reply {
+    logged(argv[1], reply, || {
         // Read again (the engine took them): only a refusal pays for this.
         let steps: Vec<String> = delta::decode(unsafe { bytes(argv[2]) })
             .map(|(_, ops)| ops.iter().take(MAX_LISTED).map(step_text).collect())
             .unwrap_or_default();
-        log_warning(&format!(
-            "rlock: refused a replicated change to key '{}': {e}; {kind:?} steps [{}]; here: {}",
-            String::from_utf8_lossy(unsafe { bytes(argv[1]) }),
+        format!(
+            "; {kind:?} steps [{}]; here: {}",
             steps.join(", "),
-            held_here(ctx, argv[1]),
-        ));
-    }
-    reply
+            held_here(ctx, argv[1])
+        )
+    })
 }
 
 /// A replicated change that cannot be applied leaves the key as it was; the
-/// log says so, since nobody reads the reply.
-fn logged(key: *mut RStr, reply: Reply) -> Reply {
+/// log says so (with `detail()` after the error), since nobody reads the reply.
+fn logged(key: *mut RStr, reply: Reply, detail: impl FnOnce() -> String) -> Reply {
     if let Reply::Error(e) = &reply {
         log_warning(&format!(
-            "rlock: refused a replicated change to key '{}': {e}",
-            String::from_utf8_lossy(unsafe { bytes(key) })
+            "rlock: refused a replicated change to key '{}': {e}{}",
+            String::from_utf8_lossy(unsafe { bytes(key) }),
+            detail()
         ));
     }
     reply
