@@ -178,11 +178,32 @@ fn the_victim_is_never_granted_afterwards() {
 
 /// A client that sent `args` (a BLOCK request) without reading the reply.
 fn park(s: &Server, args: &[&str]) -> Connection {
+    park_with_id(s, args).0
+}
+
+/// As `park`, with the connection's client id.
+fn park_with_id(s: &Server, args: &[&str]) -> (Connection, i64) {
     let mut c = s.client();
+    let id = client_id(&mut c);
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.send_packed_command(&cmd(args[0]).arg(&args[1..]).get_packed_command())
         .unwrap();
-    c
+    (c, id)
+}
+
+/// Waits until Redis shows client `id` blocked (counting waiters would not
+/// do: other waiters may park or be answered meanwhile).
+fn wait_blocked(c: &mut Connection, id: i64) {
+    wait_until(Duration::from_secs(5), || {
+        let line: String = cmd("CLIENT")
+            .arg("LIST")
+            .arg("ID")
+            .arg(id)
+            .query(c)
+            .unwrap();
+        line.split(' ')
+            .any(|f| f.starts_with("flags=") && f.contains('b'))
+    });
 }
 
 fn set_check_ms(c: &mut Connection, ms: &str) {
@@ -209,9 +230,10 @@ fn two_cycle(s: &Server, c: &mut Connection, p: &str, q: &str) -> (Connection, C
     let (a, b) = (format!("{p}-key"), format!("{q}-key"));
     int(c, &["RLOCK.ACQUIRE", &a, p]);
     int(c, &["RLOCK.ACQUIRE", &b, q]);
-    let first = park(s, &["RLOCK.ACQUIRE", &b, p, "BLOCK", "0"]);
-    let before = stat(c, "waiters");
-    wait_parked(c, before);
+    // `first` must be parked before `second` sends: Redis need not read two
+    // connections in the order they sent (with IO threads it often does not).
+    let (first, id) = park_with_id(s, &["RLOCK.ACQUIRE", &b, p, "BLOCK", "0"]);
+    wait_blocked(c, id);
     let second = park(s, &["RLOCK.ACQUIRE", &a, q, "BLOCK", "0"]);
     (first, second)
 }

@@ -59,8 +59,13 @@ fn median(values: &[i64]) -> i64 {
 fn ten_thousand_disconnected_waiters_give_their_memory_back() {
     let s = Server::start();
     let mut c = s.client();
-    int(&mut c, &["RLOCK.ACQUIRE", "k", "holder"]);
-    int(&mut c, &["FAIRLOCK.ACQUIRE", "f", "holder"]);
+    // Held through the whole test: it runs longer than the default lease
+    // (30 s) when connecting is slow (seen with `--io-threads 4`).
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "holder", "PX", "3600000"]);
+    int(
+        &mut c,
+        &["FAIRLOCK.ACQUIRE", "f", "holder", "PX", "3600000"],
+    );
     let cold = settled_memory(&mut c);
     let mut baseline = 0;
     let mut peaks = Vec::new();
