@@ -50,7 +50,8 @@ run: build
 # (.servers/), each under a banner naming it (scripts/test-servers.sh). Per server: the
 # Python client library's tests, the Python and Node examples' tests, then cargo test
 # (unit tests of the lock logic, the integration suites against real servers loading
-# $(SO), the Rust client library's tests). Fails if any suite fails on any server.
+# $(SO), the Rust client library's tests); then the suites of waiting and hand-over on
+# Redis 8.2 with --io-threads 4. Fails if any suite fails on any server.
 # All suites run on all three servers, about 2.5 minutes per server after the build (the
 # Sentinel failover tests, one deployment at a time, take 1 minute of it).
 test: build

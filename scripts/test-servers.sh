@@ -4,7 +4,8 @@
 # Per server, under a banner naming it: the Python client library's tests, the Python
 # example's tests, the Node example's tests (when node is installed), then every cargo
 # test suite of the workspace (the module's integration suites and the Rust client's; the
-# Sentinel failover tests last, one at a time).
+# Sentinel failover tests last, one at a time). Then, on Redis 8.2, the suites of
+# waiting and hand-over again with `--io-threads 4`.
 # Every suite runs on every server, whatever failed before; the exit status is 1 if
 # any suite failed on any server, and the failures are listed at the end.
 #
@@ -61,6 +62,24 @@ for server in ${SERVERS:-redis-7.0 redis-8.2 valkey-8.1}; do
 	run "$server" "cargo test --test failover (Sentinel failover, one deployment at a time)" \
 		cargo test --release --test failover --no-fail-fast -- --test-threads=1 of_the_master
 	echo "----- [$server] all suites ran in $((SECONDS - started)) s -----"
+done
+
+# The suites that park, hand over and answer waiters, again with IO threads, on Redis
+# 8.2: its IO threads read and write every client's socket from the first command.
+# (Valkey 8.1 turns its IO threads on only under load, which these suites do not make.)
+# Not here: the suites that stage event-loop turns (split_brain) or weigh client
+# buffers (memory), which IO threads change without the module.
+IO_SUITES=(--test rlock --test fairlock --test rwlock --test semaphore --test multilock
+	--test keepalive --test deadlock --test storm --test pause --test replication --test chaos)
+for server in ${SERVERS:-redis-7.0 redis-8.2 valkey-8.1}; do
+	[ "$server" = redis-8.2 ] || continue
+	export RLOCK_SERVER=${BIN[$server]} RLOCK_SERVER_NAME=${NAME[$server]}
+	export RLOCK_SERVER_ARGS="--io-threads 4"
+	started=$SECONDS
+	run "$server" "cargo test with --io-threads 4 (${IO_SUITES[*]})" \
+		cargo test --release --no-fail-fast "${IO_SUITES[@]}" -- --test-threads=4
+	unset RLOCK_SERVER_ARGS
+	echo "----- [$server] suites with IO threads ran in $((SECONDS - started)) s -----"
 done
 
 if [ ${#failures[@]} -gt 0 ]; then

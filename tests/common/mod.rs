@@ -155,6 +155,7 @@ impl Server {
         args.extend(module_args.iter().map(|s| s.to_string()));
         args.extend(["--enable-debug-command", "yes"].map(String::from));
         args.extend(server_args.iter().map(|s| s.to_string()));
+        args.extend(extra_server_args());
         let mut server = Server {
             port: 0,
             dir,
@@ -399,6 +400,14 @@ pub fn repl_offset(c: &mut Connection) -> i64 {
 
 /// `RLOCK_VALGRIND=1` runs every server under valgrind's memcheck; each server
 /// is then shut down cleanly and its report checked (see `make test-valgrind`).
+/// `RLOCK_SERVER_ARGS="--io-threads 4"`: arguments every test server gets
+/// after its own (whitespace-separated), e.g. to run a suite with IO threads.
+fn extra_server_args() -> Vec<String> {
+    std::env::var("RLOCK_SERVER_ARGS")
+        .map(|a| a.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
 pub fn valgrind() -> bool {
     std::env::var_os("RLOCK_VALGRIND").is_some_and(|v| v == "1")
 }
