@@ -96,5 +96,5 @@ test-valgrind: build
 	@command -v valgrind >/dev/null 2>&1 || apt-get install -y -qq valgrind
 	RLOCK_VALGRIND=1 cargo test --release --no-fail-fast --test rlock --test fairlock --test rwlock \
 		--test persistence --test replication --test acl --test command_docs --test readme \
-		--test keepalive --test deltas \
+		--test keepalive --test deltas --test chaos \
 		-- --test-threads=2 $(VALGRIND_SKIP)
