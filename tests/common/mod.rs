@@ -398,8 +398,6 @@ pub fn repl_offset(c: &mut Connection) -> i64 {
         .unwrap_or_else(|| panic!("no replication offset in:\n{info}"))
 }
 
-/// `RLOCK_VALGRIND=1` runs every server under valgrind's memcheck; each server
-/// is then shut down cleanly and its report checked (see `make test-valgrind`).
 /// `RLOCK_SERVER_ARGS="--io-threads 4"`: arguments every test server gets
 /// after its own (whitespace-separated), e.g. to run a suite with IO threads.
 fn extra_server_args() -> Vec<String> {
@@ -408,6 +406,8 @@ fn extra_server_args() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `RLOCK_VALGRIND=1` runs every server under valgrind's memcheck; each server
+/// is then shut down cleanly and its report checked (see `make test-valgrind`).
 pub fn valgrind() -> bool {
     std::env::var_os("RLOCK_VALGRIND").is_some_and(|v| v == "1")
 }
