@@ -52,7 +52,7 @@ run: build
 # (unit tests of the lock logic, the integration suites against real servers loading
 # $(SO), the Rust client library's tests); then the suites of waiting and hand-over on
 # Redis 8.2 with --io-threads 4. Fails if any suite fails on any server.
-# All suites run on all three servers, about 2.5 minutes per server after the build (the
+# All suites run on all three servers, about 5.5 minutes per server after the build (the
 # Sentinel failover tests, one deployment at a time, take 1 minute of it).
 test: build
 	cargo build --release --workspace --tests
