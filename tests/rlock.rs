@@ -396,8 +396,9 @@ fn client_unblock_answers_nil_or_error_and_dequeues() {
 /// finds no waiting client. Before the module filtered such UNBLOCKs,
 /// Redis 7.0 answered the waiter twice (token, then `-UNBLOCKED` as the
 /// reply to its next command) and Redis 8.2 and Valkey 8.1 answered
-/// `-UNBLOCKED` while the lock was held in its name (likely the replies
-/// tests/chaos.rs once saw shifted by one).
+/// `-UNBLOCKED` while the lock was held in its name (the replies
+/// tests/chaos.rs saw shifted by one: a run of the build before the filter
+/// traced an UNBLOCK answered 1 in the millisecond of such a grant).
 #[test]
 fn client_unblock_in_the_turn_of_a_grant_leaves_the_grant_alone() {
     let s = Server::start();
