@@ -4,6 +4,8 @@
 //! nobody renews (the idle floor). A replica is attached, so every renewal is
 //! an effect sent down the link.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::locks::owner;
@@ -30,6 +32,8 @@ pub struct KeepAlive {
     pub cpu_pct: f64,
     pub renewals_per_s: f64,
     pub repl_bytes_per_s: f64,
+    /// The measuring windows, in order (the same windows for every setup).
+    pub rounds: Vec<Window>,
 }
 
 impl KeepAlive {
@@ -43,6 +47,18 @@ impl KeepAlive {
     /// What KEEPALIVE is expected to do: 3 renewals per lease per holding.
     pub fn expected_per_s(&self) -> f64 {
         3.0 * self.holdings as f64 / (self.lease_ms as f64 / 1000.0)
+    }
+    /// Server CPU per renewal (µs) in each window, above the floor's CPU in the
+    /// same window.
+    pub fn us_per_renewal(&self, floor: &KeepAlive) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .zip(&floor.rounds)
+            .map(|(w, f)| {
+                let above = w.cpu_secs / w.secs - f.cpu_secs / f.secs;
+                above.max(0.0) / (w.renewals / w.secs) * 1e6
+            })
+            .collect()
     }
 }
 
@@ -75,13 +91,13 @@ fn acquire_all(conns: &mut [Conn], n: usize, lease_ms: u64, keepalive: bool) {
     }
 }
 
-/// Renews every holding once per third of the lease, in batches every 100 ms.
-fn client_renewals(c: &mut Conn, n: usize, lease_ms: u64, secs: f64) -> u64 {
+/// Renews every holding once per third of the lease, in batches every 100 ms,
+/// until `stop`; `renewed` counts the renewals the server has answered.
+fn client_renewals(mut c: Conn, n: usize, lease_ms: u64, stop: &AtomicBool, renewed: &AtomicU64) {
     let period = Duration::from_millis(100);
     let per_tick = ((3 * n) as f64 / (lease_ms as f64 / 1000.0) / 10.0).ceil() as usize;
-    let end = Instant::now() + Duration::from_secs_f64(secs);
-    let (mut next, mut sent, mut i) = (Instant::now(), 0u64, 0usize);
-    while Instant::now() < end {
+    let (mut next, mut i) = (Instant::now(), 0usize);
+    while !stop.load(Ordering::Relaxed) {
         for _ in 0..per_tick {
             q!(c; "RLOCK.RENEW", format!("ka:{i}"), owner(i as u64, 1), "PX", lease_ms);
             i = (i + 1) % n;
@@ -90,57 +106,132 @@ fn client_renewals(c: &mut Conn, n: usize, lease_ms: u64, secs: f64) -> u64 {
         for v in c.read_n(per_tick).expect("read") {
             assert_eq!(v.int(), Some(1), "RENEW: {v:?}");
         }
-        sent += per_tick as u64;
+        renewed.fetch_add(per_tick as u64, Ordering::Relaxed);
         next += period;
         if let Some(d) = next.checked_duration_since(Instant::now()) {
             std::thread::sleep(d);
         }
     }
-    sent
 }
 
-pub fn run(env: &Env, renewal: Renewal) -> KeepAlive {
-    let (n, secs) = (env.cfg.keepalive_holdings, env.cfg.keepalive_secs);
-    // The floor's holdings must not end during the run either.
-    let lease_ms = match renewal {
-        Renewal::None => 3_600_000,
-        _ => env.cfg.keepalive_lease_ms,
-    };
-    let srv = Server::start(&env.module, None);
-    let replica = srv.start_replica(Some(&env.module));
-    let mut conns: Vec<Conn> = (0..CONNECTIONS).map(|_| srv.conn()).collect();
-    acquire_all(&mut conns, n, lease_ms, renewal == Renewal::Server);
-    // A full renewal cycle before measuring, so the schedule is steady.
-    std::thread::sleep(Duration::from_millis(env.cfg.keepalive_lease_ms / 3 + 500));
-    let renewed0 = srv.info_i64("rlock", "rlock_keepalive_renewals");
-    let (off0, cpu0, t0) = (srv.repl_offset(), srv.cpu_ns(), Instant::now());
-    let sent = match renewal {
-        Renewal::Client => client_renewals(&mut conns[0], n, lease_ms, secs),
-        _ => {
-            std::thread::sleep(Duration::from_secs_f64(secs));
-            0
+/// One of the three setups: a master with its replica and its holdings.
+struct Setup {
+    renewal: Renewal,
+    lease_ms: u64,
+    srv: Server,
+    /// Follows `srv` until the setup is dropped.
+    _replica: Server,
+    conns: Vec<Conn>,
+}
+
+impl Setup {
+    fn start(env: &Env, renewal: Renewal) -> Setup {
+        // The floor's holdings must not end during the run either.
+        let lease_ms = match renewal {
+            Renewal::None => 3_600_000,
+            _ => env.cfg.keepalive_lease_ms,
+        };
+        let srv = Server::start(&env.module, None);
+        let replica = srv.start_replica(Some(&env.module));
+        let mut conns: Vec<Conn> = (0..CONNECTIONS).map(|_| srv.conn()).collect();
+        let n = env.cfg.keepalive_holdings;
+        acquire_all(&mut conns, n, lease_ms, renewal == Renewal::Server);
+        Setup {
+            renewal,
+            lease_ms,
+            srv,
+            _replica: replica,
+            conns,
         }
-    };
-    let wall = t0.elapsed().as_secs_f64();
-    let cpu = (srv.cpu_ns() - cpu0) as f64 / 1e9;
-    let bytes = (srv.repl_offset() - off0) as f64;
-    let renewals = match renewal {
-        Renewal::Client => sent as f64,
-        _ => (srv.info_i64("rlock", "rlock_keepalive_renewals") - renewed0) as f64,
-    };
-    if renewal != Renewal::None {
-        // Every holding is still there: renewed in time.
-        let locks = srv.info_i64("rlock", "rlock_locks");
-        assert_eq!(locks as usize, n, "holdings lost their lease");
     }
-    drop(replica);
-    KeepAlive {
-        renewal,
-        holdings: n,
-        lease_ms,
-        secs: wall,
-        cpu_pct: cpu / wall * 100.0,
-        renewals_per_s: renewals / wall,
-        repl_bytes_per_s: bytes / wall,
+
+    /// (CPU ns, replication offset, renewals so far, when).
+    fn sample(&self, client_renewed: &AtomicU64) -> (u64, i64, u64, Instant) {
+        let renewals = match self.renewal {
+            Renewal::None => 0,
+            Renewal::Server => self.srv.info_i64("rlock", "rlock_keepalive_renewals") as u64,
+            Renewal::Client => client_renewed.load(Ordering::Relaxed),
+        };
+        (
+            self.srv.cpu_ns(),
+            self.srv.repl_offset(),
+            renewals,
+            Instant::now(),
+        )
     }
+}
+
+/// What one setup did over one window.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    pub secs: f64,
+    pub cpu_secs: f64,
+    pub renewals: f64,
+    pub repl_bytes: f64,
+}
+
+/// The three setups side by side: all up at once, the client renewing from a
+/// thread of its own, and the windows measured on all three at the same
+/// time, so that background load on this shared machine falls on each alike
+/// (measured one after another, the per-renewal ratio moved by 0.3x between
+/// runs). Each window is one renewal period (a third of the lease): the
+/// holdings are bound in a burst, so the server renews them in bursts, and a
+/// shorter window would hold a burst or none.
+pub fn run(env: &Env) -> Vec<KeepAlive> {
+    let period = Duration::from_millis(env.cfg.keepalive_lease_ms / 3);
+    let rounds = ((env.cfg.keepalive_secs / period.as_secs_f64()).round() as usize).max(1);
+    let n = env.cfg.keepalive_holdings;
+    let mut setups: Vec<Setup> = [Renewal::None, Renewal::Server, Renewal::Client]
+        .into_iter()
+        .map(|r| Setup::start(env, r))
+        .collect();
+    let (stop, renewed) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let client = {
+        let c = setups[2].conns.pop().expect("a connection");
+        let (stop, renewed, lease_ms) = (stop.clone(), renewed.clone(), setups[2].lease_ms);
+        std::thread::spawn(move || client_renewals(c, n, lease_ms, &stop, &renewed))
+    };
+    // A full renewal cycle before measuring, so both schedules are steady.
+    std::thread::sleep(Duration::from_millis(env.cfg.keepalive_lease_ms / 3 + 500));
+    let mut windows = vec![Vec::new(); setups.len()];
+    for _ in 0..rounds {
+        let before: Vec<_> = setups.iter().map(|s| s.sample(&renewed)).collect();
+        std::thread::sleep(period);
+        let after: Vec<_> = setups.iter().map(|s| s.sample(&renewed)).collect();
+        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+            windows[i].push(Window {
+                secs: (a.3 - b.3).as_secs_f64(),
+                cpu_secs: (a.0 - b.0) as f64 / 1e9,
+                renewals: (a.2 - b.2) as f64,
+                repl_bytes: (a.1 - b.1) as f64,
+            });
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    client.join().expect("client renewals");
+    setups
+        .iter()
+        .zip(windows)
+        .map(|(s, rounds)| {
+            if s.renewal != Renewal::None {
+                // Every holding is still there: renewed in time.
+                let locks = s.srv.info_i64("rlock", "rlock_locks");
+                assert_eq!(locks as usize, n, "holdings lost their lease");
+            }
+            let sum = |f: fn(&Window) -> f64| rounds.iter().map(f).sum::<f64>();
+            KeepAlive {
+                renewal: s.renewal,
+                holdings: n,
+                lease_ms: s.lease_ms,
+                secs: sum(|w| w.secs),
+                cpu_pct: sum(|w| w.cpu_secs) / sum(|w| w.secs) * 100.0,
+                renewals_per_s: sum(|w| w.renewals) / sum(|w| w.secs),
+                repl_bytes_per_s: sum(|w| w.repl_bytes) / sum(|w| w.secs),
+                rounds,
+            }
+        })
+        .collect()
 }

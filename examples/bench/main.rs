@@ -122,7 +122,7 @@ impl Cfg {
                 multilock_ks: vec![4, 16],
                 keepalive_holdings: 20_000,
                 keepalive_lease_ms: 6_000,
-                keepalive_secs: 4.0,
+                keepalive_secs: 6.0,
                 parked_waiters: 1_000,
             }
         } else {
@@ -151,7 +151,7 @@ impl Cfg {
                 multilock_ks: vec![4, 16],
                 keepalive_holdings: 100_000,
                 keepalive_lease_ms: 30_000,
-                keepalive_secs: 20.0,
+                keepalive_secs: 30.0,
                 parked_waiters: 5_000,
             }
         }
@@ -619,12 +619,7 @@ fn main() {
             "(k) KEEPALIVE: {} holdings, lease {} ms, a replica attached",
             env.cfg.keepalive_holdings, env.cfg.keepalive_lease_ms
         ));
-        for renewal in [
-            keepalive::Renewal::None,
-            keepalive::Renewal::Server,
-            keepalive::Renewal::Client,
-        ] {
-            let x = keepalive::run(&env, renewal);
+        for x in keepalive::run(&env) {
             progress(&format!(
                 "  {:<34} CPU {:.2}% of a core, {:.0} renewals/s (expected {:.0}), {:.0} replication B/s",
                 x.label(),

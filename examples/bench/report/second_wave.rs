@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use super::production::holders_targets;
 use super::{f2, not_run, num, status, Target};
 use crate::keepalive::Renewal;
+use crate::uncontended::median;
 use crate::Results;
 
 pub fn multilock_targets(r: &Results) -> Vec<Target> {
@@ -55,11 +56,12 @@ pub fn keepalive_targets(r: &Results) -> Vec<Target> {
             "< 2% of a core",
         )];
     };
-    // CPU per renewal: what each row costs above the floor, per renewal.
-    let per_renewal = |x: &crate::keepalive::KeepAlive| {
-        (x.cpu_pct - floor.cpu_pct).max(0.0) / 100.0 / x.renewals_per_s * 1e6
-    };
-    let (ka_us, client_us) = (per_renewal(ka), per_renewal(client));
+    // CPU per renewal: what each row costs above the floor, per renewal, in
+    // each window (the three setups measured over the same windows).
+    let (ka_us, client_us) = (ka.us_per_renewal(floor), client.us_per_renewal(floor));
+    let ratios: Vec<f64> = ka_us.iter().zip(&client_us).map(|(k, c)| k / c).collect();
+    let ratio = median(&ratios);
+    let listed = |v: &[f64]| v.iter().map(|x| f2(*x)).collect::<Vec<_>>().join(", ");
     let rate = ka.renewals_per_s / ka.expected_per_s();
     vec![
         Target {
@@ -91,13 +93,14 @@ pub fn keepalive_targets(r: &Results) -> Vec<Target> {
             id: "keepalive-cost",
             what: "Server CPU per KEEPALIVE renewal vs per client RLOCK.RENEW".into(),
             measured: format!(
-                "{} µs vs {} µs = {:.2}x",
-                f2(ka_us),
-                f2(client_us),
-                ka_us / client_us
+                "{} µs vs {} µs = {ratio:.2}x (median of the windows' ratios; windows: {} µs vs {} µs)",
+                f2(median(&ka_us)),
+                f2(median(&client_us)),
+                listed(&ka_us),
+                listed(&client_us),
             ),
             required: "≤ 1x",
-            status: status(ka_us <= client_us),
+            status: status(ratio <= 1.0),
         },
     ]
 }
@@ -198,9 +201,14 @@ pub fn render_second_wave(w: &mut String, r: &Results) {
              KEEPALIVE: the server renews each holding every third of its lease. Client RENEW: \
              the same holdings acquired without KEEPALIVE, renewed by one client with \
              `RLOCK.RENEW` in batches every 100 ms at the rate KEEPALIVE renews. Floor: the \
-             same holdings with a 1 h lease and nobody renewing. CPU: the master process, over \
-             the window, after one full renewal cycle. Renewals/s: `rlock_keepalive_renewals` \
-             (KEEPALIVE) or RENEWs sent (client). Replication: growth of `master_repl_offset`.\n"
+             same holdings with a 1 h lease and nobody renewing. The three masters (and their \
+             replicas) run side by side and are measured over the same windows, one after \
+             another, each one renewal period (a third of the lease) long, after one full \
+             renewal cycle, so that background load falls on each alike. CPU: the master process over the windows. Renewals/s: \
+             `rlock_keepalive_renewals` (KEEPALIVE) or RENEWs answered (client). Replication: \
+             growth of `master_repl_offset`. CPU per renewal (targets): the master's CPU above \
+             the floor's in the same window, per renewal; the ratio is the median of the \
+             windows' ratios.\n"
         );
         let _ = writeln!(
             w,
