@@ -145,20 +145,28 @@ impl Setup {
         }
     }
 
-    /// (CPU ns, replication offset, renewals so far, when).
-    fn sample(&self, client_renewed: &AtomicU64) -> (u64, i64, u64, Instant) {
+    /// Its counters now; `client_renewed`: what the client thread has renewed.
+    fn sample(&self, client_renewed: &AtomicU64) -> Sample {
         let renewals = match self.renewal {
             Renewal::None => 0,
             Renewal::Server => self.srv.info_i64("rlock", "rlock_keepalive_renewals") as u64,
             Renewal::Client => client_renewed.load(Ordering::Relaxed),
         };
-        (
-            self.srv.cpu_ns(),
-            self.srv.repl_offset(),
+        Sample {
+            cpu_ns: self.srv.cpu_ns(),
+            repl_offset: self.srv.repl_offset(),
             renewals,
-            Instant::now(),
-        )
+            at: Instant::now(),
+        }
     }
+}
+
+/// A setup's counters at one moment.
+struct Sample {
+    cpu_ns: u64,
+    repl_offset: i64,
+    renewals: u64,
+    at: Instant,
 }
 
 /// What one setup did over one window.
@@ -168,6 +176,17 @@ pub struct Window {
     pub cpu_secs: f64,
     pub renewals: f64,
     pub repl_bytes: f64,
+}
+
+impl Window {
+    fn between(b: &Sample, a: &Sample) -> Window {
+        Window {
+            secs: (a.at - b.at).as_secs_f64(),
+            cpu_secs: (a.cpu_ns - b.cpu_ns) as f64 / 1e9,
+            renewals: (a.renewals - b.renewals) as f64,
+            repl_bytes: (a.repl_offset - b.repl_offset) as f64,
+        }
+    }
 }
 
 /// The three setups side by side: all up at once, the client renewing from a
@@ -202,12 +221,7 @@ pub fn run(env: &Env) -> Vec<KeepAlive> {
         std::thread::sleep(period);
         let after: Vec<_> = setups.iter().map(|s| s.sample(&renewed)).collect();
         for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-            windows[i].push(Window {
-                secs: (a.3 - b.3).as_secs_f64(),
-                cpu_secs: (a.0 - b.0) as f64 / 1e9,
-                renewals: (a.2 - b.2) as f64,
-                repl_bytes: (a.1 - b.1) as f64,
-            });
+            windows[i].push(Window::between(b, a));
         }
     }
     stop.store(true, Ordering::Relaxed);
