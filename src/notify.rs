@@ -3,7 +3,6 @@
 //! (its TTL, which is the latest lease deadline, ran out; or DEL, RENAME...).
 
 use std::ffi::CStr;
-use std::io::Write;
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -23,7 +22,10 @@ pub fn publish(ctx: *mut Ctx, db: i32, key: &[u8], reason: EndReason) {
     let channel = CHANNEL.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
-        let _ = write!(buf, "__rlock@{db}__:");
+        buf.extend_from_slice(b"__rlock@");
+        // Redis's db ids are never negative.
+        buf.extend_from_slice(crate::lock::decimal(db.unsigned_abs().into(), &mut [0; 20]));
+        buf.extend_from_slice(b"__:");
         buf.extend_from_slice(key);
         OwnedStr::new(&buf)
     });
