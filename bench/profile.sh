@@ -16,7 +16,10 @@
 # callgrind_annotate. CACHE_SIM=1 adds callgrind's cache simulation (L1/LL
 # misses per call). SERVER_ARGS adds redis-server arguments, e.g.
 # SERVER_ARGS="--appendonly yes --appendfsync no" to count the cost of building
-# and propagating replicated effects. Needs valgrind, redis-server and redis-cli.
+# and propagating replicated effects. EXPIRY=1 profiles instead what Redis's
+# active expiry pays per key (lock keys with a 20 s lease, nobody waiting,
+# against SET PX keys): N keys made, counters zeroed, then everything until
+# the last key is gone. Needs valgrind, redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-20000}
@@ -74,6 +77,45 @@ profile() {
     wait $vg || true
     trap - EXIT
 }
+
+# expiry <name> <format>: N keys with a 20 s lease (valgrind takes several
+# seconds to make them; none may end before the counters are zeroed), then one
+# dump once all of them are gone.
+expiry() {
+    local name=$1 port vg pid
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 7399)
+    mkdir -p "$work/$name"
+    valgrind --tool=callgrind --callgrind-out-file="$work/$name/cg.%p" \
+        redis-server --port "$port" --bind 127.0.0.1 --dir "$work/$name" --save '' \
+        --appendonly no ${SERVER_ARGS:-} --loadmodule "$so" > "$work/$name/valgrind.log" 2>&1 &
+    vg=$!
+    trap "kill $vg 2>/dev/null || true" EXIT
+    for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+    pid=$(redis-cli -p "$port" INFO server | awk -F: '/^process_id:/ { print $2 }' | tr -d '\r')
+    commands "$2" > "$work/$name/make.cmds"
+    redis-cli -p "$port" --pipe < "$work/$name/make.cmds" >/dev/null
+    callgrind_control -z "$pid" >/dev/null 2>&1
+    while [ "$(redis-cli -p "$port" DBSIZE)" != 0 ]; do sleep 0.5; done
+    callgrind_control --dump="$name-expiry" "$pid" >/dev/null 2>&1
+    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    wait $vg || true
+    trap - EXIT
+}
+
+if [ -n "${EXPIRY:-}" ]; then
+    expiry 1-set "SET KEY OWNER NX PX 20000"
+    expiry 2-rlock "RLOCK.ACQUIRE KEY OWNER PX 20000"
+    echo "module: $so   keys: $N   profiles: $work"
+    for dump in "$work"/*/cg.*.1; do
+        echo
+        echo "== $(grep -m1 '^desc: Trigger' "$dump" | sed 's/.*dump //'): instructions per key expired"
+        callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |
+            grep -E '(activeExpireCycle|deleteExpiredKeyAndPropagate|moduleTimerHandler|RM_PublishMessage|rlock::notify::[a-z_]+|rlock::lease::run_slice) \[' |
+            awk -v n="$N" '{ c = $1; gsub(",", "", c); l = $0
+                sub(/^ *[0-9,]+ +\( *[0-9.]+%\) +/, "", l); printf "%8d  %s\n", c / n, l }' || true
+    done
+    exit 0
+fi
 
 profile 1-floor "SET KEY OWNER NX PX 3600000" "EVALSHA @floor_release 1 KEY OWNER"
 profile 2-rlock "RLOCK.ACQUIRE KEY OWNER PX 3600000" "RLOCK.RELEASE KEY OWNER"
