@@ -46,9 +46,11 @@ commands() {
     }'
 }
 
-# profile <name> <acquire format> <release format>: one fresh server, two dumps.
-profile() {
-    local name=$1 port vg pid
+# start_server <name>: a fresh redis-server under callgrind in $work/<name>,
+# the module loaded; sets port, vg (valgrind's pid) and pid (the server's own,
+# the process callgrind runs in).
+start_server() {
+    local name=$1
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 7399)
     mkdir -p "$work/$name"
     valgrind --tool=callgrind --cache-sim="$([ -n "${CACHE_SIM:-}" ] && echo yes || echo no)" \
@@ -58,9 +60,19 @@ profile() {
     vg=$!
     trap "kill $vg 2>/dev/null || true" EXIT
     for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
-    # The server's own pid (the process callgrind runs in).
     pid=$(redis-cli -p "$port" INFO server | awk -F: '/^process_id:/ { print $2 }' | tr -d '\r')
-    local acquire=$2 release=$3 s sha
+}
+
+stop_server() {
+    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    wait $vg || true
+    trap - EXIT
+}
+
+# profile <name> <acquire format> <release format>: one fresh server, two dumps.
+profile() {
+    local name=$1 acquire=$2 release=$3 s sha
+    start_server "$name"
     for s in floor_release reentrant_acquire reentrant_release; do
         sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat bench/lua/$s.lua)")
         acquire=${acquire//@$s/$sha}
@@ -73,33 +85,21 @@ profile() {
         redis-cli -p "$port" --pipe < "$work/$name/$phase.cmds" >/dev/null
         callgrind_control --dump="$name-$phase" "$pid" >/dev/null 2>&1
     done
-    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-    wait $vg || true
-    trap - EXIT
+    stop_server
 }
 
 # expiry <name> <format>: N keys with a 20 s lease (valgrind takes several
 # seconds to make them; none may end before the counters are zeroed), then one
 # dump once all of them are gone.
 expiry() {
-    local name=$1 port vg pid
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 7399)
-    mkdir -p "$work/$name"
-    valgrind --tool=callgrind --callgrind-out-file="$work/$name/cg.%p" \
-        redis-server --port "$port" --bind 127.0.0.1 --dir "$work/$name" --save '' \
-        --appendonly no ${SERVER_ARGS:-} --loadmodule "$so" > "$work/$name/valgrind.log" 2>&1 &
-    vg=$!
-    trap "kill $vg 2>/dev/null || true" EXIT
-    for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
-    pid=$(redis-cli -p "$port" INFO server | awk -F: '/^process_id:/ { print $2 }' | tr -d '\r')
+    local name=$1
+    start_server "$name"
     commands "$2" > "$work/$name/make.cmds"
     redis-cli -p "$port" --pipe < "$work/$name/make.cmds" >/dev/null
     callgrind_control -z "$pid" >/dev/null 2>&1
     while [ "$(redis-cli -p "$port" DBSIZE)" != 0 ]; do sleep 0.5; done
     callgrind_control --dump="$name-expiry" "$pid" >/dev/null 2>&1
-    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-    wait $vg || true
-    trap - EXIT
+    stop_server
 }
 
 if [ -n "${EXPIRY:-}" ]; then
