@@ -59,6 +59,12 @@ impl OwnedStr {
         })
     }
 
+    /// Keeps a string Redis lent to a callback past the callback: one more
+    /// reference to it, or a copy where Redis's is static (on its stack).
+    pub fn hold(s: *const RStr) -> Self {
+        OwnedStr(unsafe { api!(RedisModule_HoldString)(ptr::null_mut(), s.cast_mut()) })
+    }
+
     pub fn ptr(&self) -> *mut RStr {
         self.0
     }

@@ -32,7 +32,7 @@ use std::os::raw::c_void;
 
 use redis_module::raw;
 
-use crate::ffi::{api, now_ms, Ctx};
+use crate::ffi::{api, now_ms, Ctx, OwnedStr};
 use crate::lock::{Kind, LockState};
 
 /// A key name with its database.
@@ -155,8 +155,10 @@ struct Schedule {
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
     /// Keys a `RESTORE` loaded a lock into, to watch once the command is over.
     restored: VecDeque<DbKey>,
-    /// Keys Redis expired, whose keyspace event is still to fire.
-    expired: VecDeque<(i32, Vec<u8>, Kind)>,
+    /// Keys Redis expired, whose keyspace event is still to fire: the names
+    /// Redis expired them by, held rather than copied (a storm queues
+    /// hundreds of thousands from inside Redis's expire cycle).
+    expired: VecDeque<(i32, OwnedStr, Kind)>,
     timer: Option<Armed>,
     /// The last tick fired late and left its work to the next one.
     yielded: bool,
@@ -375,9 +377,9 @@ pub fn removal_pending(db: i32, key: &[u8]) -> bool {
 /// Fires, about a millisecond later, the keyspace event of a key that Redis
 /// expired: it is found in the unlink hook, in the middle of Redis's delete,
 /// where other modules' keyspace subscribers must not run.
-pub fn schedule_expiry_event(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
+pub fn schedule_expiry_event(ctx: *mut Ctx, db: i32, keyname: OwnedStr, kind: Kind) {
     let first = with(|s| {
-        s.expired.push_back((db, key.to_vec(), kind));
+        s.expired.push_back((db, keyname, kind));
         s.expired.len() == 1
     });
     if first {
@@ -527,7 +529,7 @@ fn run_slice(ctx: *mut Ctx) {
     ) && drain(
         &|| crate::ffi::micros() - start >= EVENTS_BUDGET_US,
         || with(|s| s.expired.drain(..s.expired.len().min(BATCH)).collect()),
-        |(db, key, kind)| crate::notify::expiry_event(ctx, db, &key, kind),
+        |(db, keyname, kind)| crate::notify::expiry_event(ctx, db, &keyname, kind),
     );
 }
 

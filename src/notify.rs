@@ -120,7 +120,8 @@ pub const KEY_GONE_ERR: &str = "TRYAGAIN the lock key was deleted or moved while
 pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     crate::ffi::contained("unlink hook", (), || {
         let lock = crate::store::Stored::from_raw(value.cast_mut()).outline();
-        let key = bytes(api!(RedisModule_GetKeyNameFromOptCtx)(octx));
+        let keyname = api!(RedisModule_GetKeyNameFromOptCtx)(octx);
+        let key = bytes(keyname);
         let db = api!(RedisModule_GetDbIdFromOptCtx)(octx);
         crate::lease::unwatch(db, key);
         // The engine deletes a lock once its last hold is gone and reports that
@@ -142,7 +143,7 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
             stats::bump(&stats::LEASE_EXPIRATIONS, lock.holders as u64);
             publish(ctx, db, key, EndReason::Expired);
             if config::notify_keyspace() {
-                crate::lease::schedule_expiry_event(ctx, db, key, lock.kind);
+                crate::lease::schedule_expiry_event(ctx, db, OwnedStr::hold(keyname), lock.kind);
             }
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
@@ -157,9 +158,8 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
 }
 
 /// Fires the keyspace event of a key Redis expired.
-pub fn expiry_event(ctx: *mut Ctx, db: i32, key: &[u8], kind: Kind) {
+pub fn expiry_event(ctx: *mut Ctx, db: i32, keyname: &OwnedStr, kind: Kind) {
     if crate::ffi::select_db(ctx, db) {
-        let keyname = OwnedStr::new(key);
         keyspace(ctx, kind, Event::End(EndReason::Expired), keyname.ptr());
     }
 }
