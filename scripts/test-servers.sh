@@ -58,7 +58,7 @@ for server in ${SERVERS:-redis-7.0 redis-8.2 valkey-8.1}; do
 		--skip kill_of_the_master --skip freeze_of_the_master
 	# The three Sentinel failover tests, one deployment at a time: three at once (18
 	# processes and their clients on 2 cores) sometimes starved a freshly promoted
-	# master past Sentinel's 1 s down-after, and a second failover broke the test.
+	# master past Sentinel's down-after, and a second failover broke the test.
 	run "$server" "cargo test --test failover (Sentinel failover, one deployment at a time)" \
 		cargo test --release --test failover --no-fail-fast -- --test-threads=1 of_the_master
 	echo "----- [$server] all suites ran in $((SECONDS - started)) s -----"
