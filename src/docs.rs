@@ -368,6 +368,32 @@ const DELTA: Command = Command {
     ],
 };
 
+/// `RLOCK.DELTAS key delta [key delta ...]`
+const DELTAS: Command = Command {
+    name: "deltas",
+    summary: "Applies the steps of several lock changes in turn, each to its key (internal: sent by a master's KEEPALIVE timer to its replicas and written to the AOF; refused from other clients).",
+    complexity: Some("O(S log N) per change, where S is the number of its steps and N the number of holders of its key"),
+    arity: -3,
+    mode: false,
+    key_flags: KEY_RW | KEY_UPDATE,
+    tips: None,
+    args: &[Arg {
+        flags: MULTIPLE,
+        ..arg(
+            "change",
+            Type::Block(&[
+                arg("key", Type::Key, "the lock key the change is made to"),
+                arg(
+                    "delta",
+                    Type::String,
+                    "the steps, in rlock's binary delta encoding",
+                ),
+            ]),
+            "one change",
+        )
+    }],
+};
+
 /// The multi-key RLOCK commands (`numkeys key [key ...]` before the owner).
 const MULTI_KEY: [Command; 3] = [
     Command {
@@ -405,14 +431,24 @@ const MULTI_KEY: [Command; 3] = [
 /// Commands only a master or the AOF may send.
 const INTERNAL: [&Command; 2] = [&SETSTATE, &DELTA];
 
+/// Where a command's keys are.
+#[derive(Clone, Copy)]
+enum KeySearch {
+    /// One key, at argv[1].
+    One,
+    /// `key delta` pairs from argv[1] (`RLOCK.DELTAS`).
+    Pairs,
+    /// `numkeys key [key ...]` from argv[1].
+    NumKeys,
+}
+
 /// Plain data, filled out of the description, before it is laid out for C.
 struct Doc {
     summary: String,
     complexity: String,
     arity: c_int,
     key_flags: u64,
-    /// `numkeys key [key ...]` instead of one key at argv[1].
-    numkeys: bool,
+    keys: KeySearch,
     tips: Option<&'static str>,
     /// Includes the key.
     args: Vec<Arg>,
@@ -448,7 +484,7 @@ fn family_doc(family: &Family, command: &Command) -> Doc {
         complexity,
         arity,
         key_flags: command.key_flags,
-        numkeys: false,
+        keys: KeySearch::One,
         tips: command.tips,
         args,
     }
@@ -466,9 +502,20 @@ fn doc_for(name: &str) -> Option<Doc> {
             complexity: c.complexity.unwrap_or_default().to_string(),
             arity: c.arity,
             key_flags: c.key_flags,
-            numkeys: false,
+            keys: KeySearch::One,
             tips: c.tips,
             args: [&[KEY][..], c.args].concat(),
+        });
+    }
+    if prefix == "rlock" && rest == DELTAS.name {
+        return Some(Doc {
+            summary: DELTAS.summary.to_string(),
+            complexity: DELTAS.complexity.unwrap_or_default().to_string(),
+            arity: DELTAS.arity,
+            key_flags: DELTAS.key_flags,
+            keys: KeySearch::Pairs,
+            tips: DELTAS.tips,
+            args: DELTAS.args.to_vec(),
         });
     }
     if let Some(c) = MULTI_KEY
@@ -480,7 +527,7 @@ fn doc_for(name: &str) -> Option<Doc> {
             complexity: c.complexity.unwrap_or_default().to_string(),
             arity: c.arity,
             key_flags: c.key_flags,
-            numkeys: true,
+            keys: KeySearch::NumKeys,
             tips: c.tips,
             args: [&[NUMKEYS, KEYS][..], c.args].concat(),
         });
@@ -582,11 +629,25 @@ fn zeroed_arg() -> raw::RedisModuleCommandArg {
     }
 }
 
-/// Search starts at argv[1]: one key there, or (`numkeys`) the count there
-/// and that many keys right after it.
-fn key_specs(flags: u64, numkeys: bool) -> [raw::RedisModuleCommandKeySpec; 2] {
-    let (find_keys_type, fk) = if numkeys {
+/// Search starts at argv[1]: one key there, every other argument from there
+/// on (`Pairs`), or (`NumKeys`) the count there and that many keys right after it.
+fn key_specs(flags: u64, keys: KeySearch) -> [raw::RedisModuleCommandKeySpec; 2] {
+    let range = |lastkey, keystep| {
         (
+            raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
+            raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+                range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                    lastkey,
+                    keystep,
+                    limit: 0,
+                },
+            },
+        )
+    };
+    let (find_keys_type, fk) = match keys {
+        KeySearch::One => range(0, 1),
+        KeySearch::Pairs => range(-1, 2),
+        KeySearch::NumKeys => (
             raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM,
             raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
                 keynum: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {
@@ -595,18 +656,7 @@ fn key_specs(flags: u64, numkeys: bool) -> [raw::RedisModuleCommandKeySpec; 2] {
                     keystep: 1,
                 },
             },
-        )
-    } else {
-        (
-            raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
-            raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
-                range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
-                    lastkey: 0,
-                    keystep: 1,
-                    limit: 0,
-                },
-            },
-        )
+        ),
     };
     let key = raw::RedisModuleCommandKeySpec {
         notes: ptr::null(),
@@ -673,7 +723,7 @@ unsafe fn describe_inner(ctx: *mut Ctx, name: &CStr) -> bool {
         return false;
     }
     let mut layout = Layout::default();
-    let mut specs = key_specs(doc.key_flags, doc.numkeys);
+    let mut specs = key_specs(doc.key_flags, doc.keys);
     let version = INFO_VERSION;
     let info = raw::RedisModuleCommandInfo {
         version: &version,
@@ -706,7 +756,7 @@ fn acl_categories(name: &str) -> &'static CStr {
         Some("acquire") | Some("acquireall") => c"write blocking slow",
         // INFO lists every holder (and the FAIRLOCK queue): O(N), not fast.
         Some("info") => c"read slow",
-        Some("setstate") | Some("delta") => c"write slow dangerous",
+        Some("setstate") | Some("delta") | Some("deltas") => c"write slow dangerous",
         _ => c"write fast",
     }
 }
@@ -739,7 +789,7 @@ mod tests {
         assert_eq!(acl_categories("rlock.setstate"), c"write slow dangerous");
     }
 
-    const ALL: [&str; 25] = [
+    const ALL: [&str; 26] = [
         "rlock.acquire",
         "rlock.release",
         "rlock.renew",
@@ -757,6 +807,7 @@ mod tests {
         "rwlock.info",
         "rlock.setstate",
         "rlock.delta",
+        "rlock.deltas",
         "rlock.acquireall",
         "rlock.releaseall",
         "rlock.renewall",
@@ -773,10 +824,15 @@ mod tests {
             let doc = doc_for(name).unwrap_or_else(|| panic!("{name}"));
             assert!(!doc.summary.contains('{'), "{name}: {}", doc.summary);
             assert!(!doc.complexity.contains('{'), "{name}: {}", doc.complexity);
-            let first = if doc.numkeys { "numkeys" } else { "key" };
+            let first = match doc.keys {
+                KeySearch::One => "key",
+                KeySearch::Pairs => "change",
+                KeySearch::NumKeys => "numkeys",
+            };
             assert_eq!(doc.args[0].name, first, "{name}");
         }
         assert_eq!(acl_categories("rlock.acquireall"), c"write blocking slow");
+        assert_eq!(acl_categories("rlock.deltas"), c"write slow dangerous");
         assert!(doc_for("rlock.nope").is_none());
         assert!(doc_for("other.acquire").is_none());
     }

@@ -15,10 +15,16 @@
 //! That needs three slots; the changes a timer makes, and those of
 //! `FORCERELEASE key`, go through `RedisModule_Replicate`. `RLOCK.DELTA`
 //! accepts the empty trailing slots.
+//!
+//! The KEEPALIVE timer renews up to a thousand holdings a tick, one effect
+//! each: it gathers them (`gathered`) into one `RLOCK.DELTAS key delta
+//! [key delta ...]` per database, so the lookup and the vector are paid once
+//! a tick, not once a renewal (a fifth of a renewal's cost otherwise).
 
+use std::cell::RefCell;
 use std::os::raw::c_int;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 use crate::ffi::{api, Ctx, OwnedStr, RStr};
 use crate::lock::delta;
@@ -85,6 +91,10 @@ pub fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
     let argv = ARGV.load(Ordering::Relaxed);
     let argc = ARGC.load(Ordering::Relaxed);
     let in_place = ctx == CTX.load(Ordering::Relaxed) && argc >= 3 && !argv.is_null();
+    if !in_place && ctx == GATHERING.load(Ordering::Relaxed) {
+        gather(ctx, keyname, delta);
+        return;
+    }
     if !in_place {
         unsafe {
             api!(RedisModule_Replicate)(
@@ -126,6 +136,10 @@ fn shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
 /// (after `RESTORE`, or by the lease timer after a TTL was changed by hand),
 /// so replicas and the AOF keep the master's.
 pub fn replicate_ttl(ctx: *mut Ctx, keyname: *mut RStr, at: i64) {
+    // After the effects gathered before it, as they were made.
+    if ctx == GATHERING.load(Ordering::Relaxed) {
+        flush(ctx);
+    }
     unsafe {
         api!(RedisModule_Replicate)(
             ctx,
@@ -135,4 +149,115 @@ pub fn replicate_ttl(ctx: *mut Ctx, keyname: *mut RStr, at: i64) {
             at as std::os::raw::c_longlong,
         )
     };
+}
+
+/// The context whose effects are being gathered, or null.
+static GATHERING: AtomicPtr<Ctx> = AtomicPtr::new(ptr::null_mut());
+
+/// Pairs gathered for one `RLOCK.DELTAS` at most (the timer renews up to a
+/// thousand holdings a tick, so a tick sends one or two).
+const MAX_GATHERED: usize = 1024;
+
+/// Effects gathered, not yet propagated: `key delta` pairs of one database.
+#[derive(Default)]
+struct Gathered {
+    db: i32,
+    args: Vec<OwnedStr>,
+}
+
+thread_local! {
+    static PENDING: RefCell<Gathered> = RefCell::new(Gathered::default());
+}
+
+/// Runs `f`, the changes a timer makes in `ctx`, with their effects gathered
+/// into `RLOCK.DELTAS` commands propagated in the order the changes were
+/// made: one per run of changes in one database, the last before this
+/// returns (within the timer's callback, as the changes). What Redis
+/// propagates itself meanwhile (a key `f` finds expired goes out as `DEL` at
+/// once) overtakes the gathered effects, so only changes that commute with
+/// it may be gathered: a renewed key cannot expire later in the same tick.
+pub fn gathered<T>(ctx: *mut Ctx, f: impl FnOnce() -> T) -> T {
+    struct Flush(*mut Ctx, *mut Ctx);
+    impl Drop for Flush {
+        fn drop(&mut self) {
+            flush(self.0);
+            GATHERING.store(self.1, Ordering::Relaxed);
+        }
+    }
+    let _flush = Flush(ctx, GATHERING.swap(ctx, Ordering::Relaxed));
+    f()
+}
+
+fn gather(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
+    let db = unsafe { api!(RedisModule_GetSelectedDb)(ctx) };
+    let full = PENDING.with(|p| {
+        let p = p.borrow();
+        !p.args.is_empty() && (p.db != db || p.args.len() >= 2 * MAX_GATHERED)
+    });
+    if full {
+        flush(ctx);
+    }
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        p.db = db;
+        p.args.push(OwnedStr::hold(keyname));
+        p.args.push(OwnedStr::new(delta));
+    });
+}
+
+/// Propagates what was gathered as one `RLOCK.DELTAS` in its database.
+fn flush(ctx: *mut Ctx) {
+    let Gathered { db, args } = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if args.is_empty() {
+        return;
+    }
+    unsafe {
+        let current = api!(RedisModule_GetSelectedDb)(ctx);
+        if current != db {
+            api!(RedisModule_SelectDb)(ctx, db);
+        }
+        // `OwnedStr` is transparent: the slice is the argument vector.
+        api!(RedisModule_Replicate)(
+            ctx,
+            delta::BATCH_COMMAND.as_ptr(),
+            c"v".as_ptr(),
+            args.as_ptr().cast::<*mut RStr>(),
+            args.len(),
+        );
+        if current != db {
+            api!(RedisModule_SelectDb)(ctx, current);
+        }
+    }
+}
+
+/// Whether a replicated command's effect is passed on now (`NOW`), or once
+/// its changes are all applied (`DEFERRED`; `WANTED` once one asked).
+static PASS_ON: AtomicU8 = AtomicU8::new(NOW);
+const NOW: u8 = 0;
+const DEFERRED: u8 = 1;
+const WANTED: u8 = 2;
+
+/// A replicated effect applied here goes on to this server's AOF and
+/// replicas exactly as it came.
+pub fn pass_on(ctx: *mut Ctx) {
+    if PASS_ON.load(Ordering::Relaxed) == NOW {
+        unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+    } else {
+        PASS_ON.store(WANTED, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f`, a replicated command that makes several changes, so that the
+/// command is passed on once if any change asked for it (not once a change).
+pub fn passed_on_once<T>(ctx: *mut Ctx, f: impl FnOnce() -> T) -> T {
+    struct Once(*mut Ctx, u8);
+    impl Drop for Once {
+        fn drop(&mut self) {
+            if PASS_ON.swap(self.1, Ordering::Relaxed) == WANTED {
+                pass_on(self.0);
+            }
+        }
+    }
+    let _once = Once(ctx, PASS_ON.swap(DEFERRED, Ordering::Relaxed));
+    f()
 }

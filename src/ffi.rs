@@ -45,7 +45,9 @@ pub unsafe fn bytes<'a>(s: *const RStr) -> &'a [u8] {
     std::slice::from_raw_parts(p.cast::<u8>(), len)
 }
 
-/// A module string this crate created and must free.
+/// A module string this crate created and must free. Transparent: a slice of
+/// them is an argument vector Redis can read.
+#[repr(transparent)]
 pub struct OwnedStr(*mut RStr);
 
 impl OwnedStr {

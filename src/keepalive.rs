@@ -4,8 +4,9 @@
 //! that was granted it (the parked connection, for a waiter). While that
 //! connection is open, a module timer renews the lease (to now + lease, every
 //! third of the lease) through the engine, so the renewal is replicated like a
-//! RENEW; when the connection closes, the engine ends every holding bound to
-//! it as a release. A binding names the holding by its token: it belongs to the
+//! RENEW (a tick's renewals as one `RLOCK.DELTAS` per database); when the
+//! connection closes, the engine ends every holding bound to it as a release.
+//! A binding names the holding by its token: it belongs to the
 //! tenure, survives further acquisitions, RELEASE and RENEW by the owner from
 //! any connection, follows its value through `SWAPDB`, and is dropped once
 //! the tenure is gone (found at its next renewal). Bindings are connections:
@@ -314,18 +315,21 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
         });
         // A master refusing writes renews nothing (as it refuses RENEW).
         let renew = crate::role::is_master() && !crate::min_replicas::refuses_writes();
-        for d in due {
-            let keyname = d.keyname.ptr();
-            let alive =
-                !renew || crate::engine::keep_alive(ctx, d.db, keyname, d.token, d.lease_ms);
-            with(|r| {
-                if !alive {
-                    r.remove(d.id);
-                } else if let Some(next) = r.bindings.get(&d.id).map(|b| b.next) {
-                    r.due.insert((next, d.id));
-                }
-            });
-        }
+        // One `RLOCK.DELTAS` per database for the tick's renewals.
+        crate::effect::gathered(ctx, || {
+            for d in due {
+                let keyname = d.keyname.ptr();
+                let alive =
+                    !renew || crate::engine::keep_alive(ctx, d.db, keyname, d.token, d.lease_ms);
+                with(|r| {
+                    if !alive {
+                        r.remove(d.id);
+                    } else if let Some(next) = r.bindings.get(&d.id).map(|b| b.next) {
+                        r.due.insert((next, d.id));
+                    }
+                });
+            }
+        });
         arm(ctx);
     })
 }

@@ -108,7 +108,12 @@ unsafe extern "C" fn delta_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_
     commands::run(ctx, argv, argc, commands::delta)
 }
 
-/// Every command takes its one key at position 1, except the multi-key
+unsafe extern "C" fn deltas_handler(ctx: *mut Ctx, argv: *mut *mut RStr, argc: c_int) -> c_int {
+    commands::run(ctx, argv, argc, commands::deltas)
+}
+
+/// Every command takes its one key at position 1, except `RLOCK.DELTAS`
+/// (`key delta` pairs: every other argument from 1 on) and the multi-key
 /// commands (`numkeys key [key ...]`): ACL and `COMMAND GETKEYS` find their
 /// keys through the key spec set by `docs::describe`; Redis Cluster's routing
 /// (which on 7.0 and 8.2 reads only the legacy key range, here 0, 0, 0) asks
@@ -145,8 +150,10 @@ fn register_commands(ctx: *mut Ctx) -> bool {
             "write getkeys-api",
         ),
     ];
+    // `key delta` pairs: keys at 1, 3, 5...
+    let pairs = ("rlock.deltas", deltas_handler as Handler, "write deny-oom");
     let one_key = families.iter().flatten().chain(internal.iter());
-    let create = |(name, handler, flags): &(&str, Handler, &str), first_key: c_int| {
+    let create = |(name, handler, flags): &(&str, Handler, &str), (first, last, step)| {
         let (name, flags) = (CString::new(*name).unwrap(), CString::new(*flags).unwrap());
         (unsafe {
             api!(RedisModule_CreateCommand)(
@@ -154,13 +161,15 @@ fn register_commands(ctx: *mut Ctx) -> bool {
                 name.as_ptr(),
                 Some(*handler),
                 flags.as_ptr(),
-                first_key,
-                first_key,
-                first_key,
+                first,
+                last,
+                step,
             ) == ffi::OK
         }) && docs::describe(ctx, &name)
     };
-    one_key.into_iter().all(|c| create(c, 1)) && multi_key.iter().all(|c| create(c, 0))
+    one_key.into_iter().all(|c| create(c, (1, 1, 1)))
+        && create(&pairs, (1, -1, 2))
+        && multi_key.iter().all(|c| create(c, (0, 0, 0)))
 }
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {

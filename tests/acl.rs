@@ -167,6 +167,12 @@ fn restricted_user_gets_noperm_on_other_keys_with_every_command() {
     }
     let e = error(&mut app, &["RLOCK.SETSTATE", "other:rlock", "rlock", "0"]);
     assert!(e.starts_with("NOPERM "), "RLOCK.SETSTATE: {e}");
+    // Every key of `key delta` pairs is checked, not only the first.
+    let e = error(
+        &mut app,
+        &["RLOCK.DELTAS", "app:a", "d", "other:rlock", "d"],
+    );
+    assert!(e.starts_with("NOPERM "), "RLOCK.DELTAS: {e}");
     // Multi-key commands: every key is checked, wherever it is in the list.
     for keys in [
         ["app:a", "free"],

@@ -1004,6 +1004,10 @@ fn every_command_checks_arity_and_setstate_is_internal() {
             "1",
             "99999999999999",
         ],
+        &["RLOCK.DELTAS"],
+        &["RLOCK.DELTAS", "k"],
+        &["RLOCK.DELTAS", "k", "d", "k2"],
+        &["RLOCK.DELTAS", "k", "\x01\x00garbage", "k2", ""],
     ] {
         let r = raw.call_str(argv).unwrap();
         assert!(

@@ -15,8 +15,18 @@ struct Expected {
     arity: i64,
     flag: &'static str,
     key_flags: &'static [&'static str],
-    /// `numkeys key [key ...]`: a keynum key spec instead of one key at 1.
-    numkeys: bool,
+    keys: KeySearch,
+}
+
+/// Where a command's keys are, as its key spec says.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum KeySearch {
+    /// One key at 1.
+    One,
+    /// `key delta [key delta ...]`: every other argument from 1.
+    Pairs,
+    /// `numkeys key [key ...]`: a keynum key spec.
+    NumKeys,
 }
 
 const ACQUIRE_TYPES: &str =
@@ -44,7 +54,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: -3,
             flag: "write",
             key_flags: ACQUIRE_FLAGS,
-            numkeys: false,
+            keys: KeySearch::One,
         },
         Expected {
             name: name("release"),
@@ -53,7 +63,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: 3,
             flag: "write",
             key_flags: DELETE_FLAGS,
-            numkeys: false,
+            keys: KeySearch::One,
         },
         Expected {
             name: name("renew"),
@@ -62,7 +72,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: -3,
             flag: "write",
             key_flags: RENEW_FLAGS,
-            numkeys: false,
+            keys: KeySearch::One,
         },
         Expected {
             name: name("forcerelease"),
@@ -71,7 +81,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: 2,
             flag: "write",
             key_flags: DELETE_FLAGS,
-            numkeys: false,
+            keys: KeySearch::One,
         },
         Expected {
             name: name("info"),
@@ -80,7 +90,7 @@ fn family(prefix: &'static str) -> [Expected; 5] {
             arity: -2,
             flag: "readonly",
             key_flags: INFO_FLAGS,
-            numkeys: false,
+            keys: KeySearch::One,
         },
     ]
 }
@@ -112,7 +122,7 @@ fn all_commands() -> Vec<Expected> {
         arity: -4,
         flag: "write",
         key_flags: &["OW", "update"],
-        numkeys: false,
+        keys: KeySearch::One,
     });
     all.push(Expected {
         name: "rlock.delta",
@@ -121,7 +131,16 @@ fn all_commands() -> Vec<Expected> {
         arity: -3,
         flag: "write",
         key_flags: &["RW", "update"],
-        numkeys: false,
+        keys: KeySearch::One,
+    });
+    all.push(Expected {
+        name: "rlock.deltas",
+        syntax: "key delta [key delta ...]",
+        types: "change:block(key:key delta:string)",
+        arity: -3,
+        flag: "write",
+        key_flags: &["RW", "update"],
+        keys: KeySearch::Pairs,
     });
     all.push(Expected {
         name: "rlock.acquireall",
@@ -130,7 +149,7 @@ fn all_commands() -> Vec<Expected> {
         arity: -4,
         flag: "write",
         key_flags: ACQUIRE_FLAGS,
-        numkeys: true,
+        keys: KeySearch::NumKeys,
     });
     all.push(Expected {
         name: "rlock.releaseall",
@@ -139,7 +158,7 @@ fn all_commands() -> Vec<Expected> {
         arity: -4,
         flag: "write",
         key_flags: DELETE_FLAGS,
-        numkeys: true,
+        keys: KeySearch::NumKeys,
     });
     all.push(Expected {
         name: "rlock.renewall",
@@ -148,9 +167,9 @@ fn all_commands() -> Vec<Expected> {
         arity: -4,
         flag: "write",
         key_flags: RENEW_FLAGS,
-        numkeys: true,
+        keys: KeySearch::NumKeys,
     });
-    assert_eq!(all.len(), 25);
+    assert_eq!(all.len(), 26);
     all
 }
 
@@ -269,7 +288,12 @@ fn command_docs_describe_every_command() {
         assert_eq!(syntax(&args), e.syntax, "{}", e.name);
         assert_eq!(types(&args), e.types, "{}", e.name);
         // The key argument points at the command's one key spec.
-        let key = pairs(&args[usize::from(e.numkeys)]);
+        let key = match e.keys {
+            KeySearch::One => pairs(&args[0]),
+            KeySearch::NumKeys => pairs(&args[1]),
+            // The first of the block's two.
+            KeySearch::Pairs => pairs(&list(&get(&pairs(&args[0]), "arguments").unwrap())[0]),
+        };
         assert_eq!(
             get(&key, "key_spec_index"),
             Some(Value::Int(0)),
@@ -320,9 +344,14 @@ fn command_info_shows_arity_flags_and_key_specs() {
         let flags = strings(&info[2]);
         assert!(flags.iter().any(|f| f == e.flag), "{}: {flags:?}", e.name);
         assert!(flags.iter().any(|f| f == "module"), "{}: {flags:?}", e.name);
-        // Legacy first/last/step: the one key at position 1 (none for
-        // multi-key commands: Redis finds their keys by the key spec).
-        let legacy = if e.numkeys { (0, 0, 0) } else { (1, 1, 1) };
+        // Legacy first/last/step: the one key at position 1, every other
+        // argument from 1 (none for multi-key commands: Redis finds their
+        // keys by the key spec).
+        let legacy = match e.keys {
+            KeySearch::One => (1, 1, 1),
+            KeySearch::Pairs => (1, -1, 2),
+            KeySearch::NumKeys => (0, 0, 0),
+        };
         assert_eq!(
             (as_int(&info[3]), as_int(&info[4]), as_int(&info[5])),
             legacy,
@@ -331,7 +360,7 @@ fn command_info_shows_arity_flags_and_key_specs() {
         );
         assert_eq!(
             flags.iter().any(|f| f == "movablekeys"),
-            e.numkeys,
+            e.keys == KeySearch::NumKeys,
             "{}: {flags:?}",
             e.name
         );
@@ -349,15 +378,22 @@ fn command_info_shows_arity_flags_and_key_specs() {
         assert_eq!(get(&pos, "index"), Some(Value::Int(1)), "{}", e.name);
         let find = pairs(&get(&spec, "find_keys").unwrap());
         let found = pairs(&get(&find, "spec").unwrap());
-        if e.numkeys {
+        let step = if e.keys == KeySearch::NumKeys {
             assert_eq!(as_string(&get(&find, "type").unwrap()), "keynum");
             assert_eq!(get(&found, "keynumidx"), Some(Value::Int(0)), "{}", e.name);
             assert_eq!(get(&found, "firstkey"), Some(Value::Int(1)), "{}", e.name);
+            1
         } else {
             assert_eq!(as_string(&get(&find, "type").unwrap()), "range");
-            assert_eq!(get(&found, "lastkey"), Some(Value::Int(0)), "{}", e.name);
-        }
-        assert_eq!(get(&found, "keystep"), Some(Value::Int(1)), "{}", e.name);
+            let (last, step) = if e.keys == KeySearch::Pairs {
+                (-1, 2)
+            } else {
+                (0, 1)
+            };
+            assert_eq!(get(&found, "lastkey"), Some(Value::Int(last)), "{}", e.name);
+            step
+        };
+        assert_eq!(get(&found, "keystep"), Some(Value::Int(step)), "{}", e.name);
     }
     // Tips for clients: the token and the TTLs vary between calls.
     let info = list(&list(&call(&mut c, &["COMMAND", "INFO", "rlock.acquire"]).unwrap())[0]);
@@ -433,6 +469,11 @@ fn command_getkeys_names_the_key_of_every_command() {
             &["a", "b", "c"],
         ),
         (&["RLOCK.RELEASEALL", "2", "b", "a", "o"], &["b", "a"]),
+        (&["RLOCK.DELTAS", "a", "d1"], &["a"]),
+        (
+            &["RLOCK.DELTAS", "b", "d1", "a", "d2", "c", "d3"],
+            &["b", "a", "c"],
+        ),
         (
             &["RLOCK.RENEWALL", "2", "a", "b", "o", "EX", "1"],
             &["a", "b"],
@@ -451,7 +492,7 @@ fn command_getkeys_names_the_key_of_every_command() {
 fn arity_errors_come_from_redis_itself() {
     let s = Server::start();
     let mut c = s.client();
-    let too_few: [&[&str]; 20] = [
+    let too_few: [&[&str]; 21] = [
         &["RLOCK.ACQUIRE", "k"],
         &["RLOCK.RELEASE", "k"],
         &["RLOCK.RENEW", "k"],
@@ -469,6 +510,7 @@ fn arity_errors_come_from_redis_itself() {
         &["RWLOCK.INFO"],
         &["RLOCK.SETSTATE", "k", "rlock"],
         &["RLOCK.DELTA", "k"],
+        &["RLOCK.DELTAS", "k"],
         &["RLOCK.ACQUIREALL", "1", "k"],
         &["RLOCK.RELEASEALL", "1", "k"],
         &["RLOCK.RENEWALL", "1"],
@@ -497,6 +539,7 @@ fn arity_errors_come_from_redis_itself() {
         ("rlock.release", 2),
         ("rlock.info", 1),
         ("rlock.delta", 1),
+        ("rlock.deltas", 1),
         ("rwlock.release", 2),
         ("rlock.setstate", 1),
     ] {

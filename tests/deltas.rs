@@ -317,6 +317,37 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         b"",
         b"x",
     ]));
+    // Several changes in one `RLOCK.DELTAS` (a KEEPALIVE tick's renewals),
+    // applied in turn: one refused (a string key) leaves the others applied;
+    // one malformed, or a key without its delta, leaves every key as it was.
+    let fresh = |token: u64, owner: &[u8]| delta_new(0, token, now + 600_000, owner);
+    aof.extend(resp(&[
+        b"RLOCK.DELTAS",
+        b"batch1",
+        &fresh(45, b"b1"),
+        b"batch2",
+        &fresh(46, b"b2"),
+    ]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTAS",
+        b"plain",
+        &fresh(47, b"x"),
+        b"batch3",
+        &fresh(48, b"b3"),
+    ]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTAS",
+        b"batch4",
+        &fresh(49, b"b4"),
+        b"batch5",
+        b"\x01\x00garbage",
+    ]));
+    aof.extend(resp(&[
+        b"RLOCK.DELTAS",
+        b"batch6",
+        &fresh(50, b"b6"),
+        b"batch7",
+    ]));
     // Rewritten locks: as this version writes them and as the one before did,
     // each with the PEXPIREAT Redis writes after it (the key's TTL).
     let (t3, t4) = (((now as u64) << 20) + 3, ((now as u64) << 20) + 4);
@@ -397,8 +428,15 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
     for key in ["mixed", "cut", "far2", "overfilled"] {
         assert_eq!(int(&mut c, &["EXISTS", key]), 0, "{key}");
     }
+    for (key, token) in [("batch1", 45), ("batch2", 46), ("batch3", 48)] {
+        let info = info_map(&mut c, &["RLOCK.INFO", key]).expect("a batched delta applies");
+        assert_eq!(as_int(&field(&info, "token")), token, "{key}");
+    }
+    for key in ["batch4", "batch5", "batch6", "batch7"] {
+        assert_eq!(int(&mut c, &["EXISTS", key]), 0, "{key}");
+    }
     let refused = s.log().matches("refused a replicated change").count();
-    assert_eq!(refused, 10, "{}", s.log());
+    assert_eq!(refused, 12, "{}", s.log());
     // A refused step is logged with the steps and what the key held.
     let log = s.log();
     let over = log
@@ -415,6 +453,8 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
     assert!(t > token2.parse::<i64>().unwrap());
     // The internal commands stay refused from clients.
     let e = error(&mut c, &["RLOCK.DELTA", "x", "whatever"]);
+    assert!(e.contains("internal"), "{e}");
+    let e = error(&mut c, &["RLOCK.DELTAS", "x", "whatever"]);
     assert!(e.contains("internal"), "{e}");
 }
 
@@ -571,4 +611,96 @@ fn scripts_and_transactions_replicate_the_same_state() {
     let info = info_map(&mut r, &["RLOCK.INFO", "s"]).expect("the script's lock");
     assert_eq!(as_int(&field(&info, "token")), token);
     assert_eq!(as_int(&field(&info, "holds")), 1);
+}
+
+/// The number of times `name` ran on the server `c` is connected to.
+fn calls(c: &mut Connection, name: &str) -> i64 {
+    let stats: String = cmd("INFO").arg("commandstats").query(c).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// KEEPALIVE renewals a tick makes go out as one `RLOCK.DELTAS` per
+/// database: a replica and its own replica (to which the first passes the
+/// command on once, as it came) and the master's AOF end in the master's
+/// state, holdings in two databases alike.
+#[test]
+fn a_ticks_renewals_go_out_as_one_deltas_per_database() {
+    let master = Server::start_with(&["--appendonly", "yes", "--appendfsync", "no"], &[]);
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let chained = Server::start();
+    chained.replicate_from(&replica);
+    let (mut m, mut r, mut c) = (master.client(), replica.client(), chained.client());
+    let mut on_replica = monitor(&replica);
+    // 40 holdings in db 0 and 40 in db 3, bound to one open connection.
+    let mut holder = master.client();
+    for db in ["0", "3"] {
+        let mut p = redis::pipe();
+        p.cmd("SELECT").arg(db).ignore();
+        for i in 0..40 {
+            p.cmd("RLOCK.ACQUIRE")
+                .arg(format!("k{i}"))
+                .arg("o")
+                .arg("PX")
+                .arg(600)
+                .arg("KEEPALIVE");
+        }
+        let tokens: Vec<i64> = p.query(&mut holder).unwrap();
+        assert_eq!(tokens.len(), 40);
+    }
+    // About seven renewal rounds (every 200 ms).
+    sleep(Duration::from_millis(1500));
+    let renewals = stat(&mut m, "keepalive_renewals");
+    assert!(renewals >= 400, "{renewals} renewals");
+    // Renewals the replica applied: many keys in one command (holdings bound
+    // within a few ms of each other are renewed in one tick).
+    let most = (0..20)
+        .map(|_| monitored(&mut on_replica, "RLOCK.DELTAS"))
+        .map(|applied| applied.matches(r#"" "k"#).count())
+        .max();
+    assert!(
+        most >= Some(10),
+        "at most {most:?} keys in one RLOCK.DELTAS"
+    );
+    // Writes paused: no more renewals, so every copy can be compared.
+    let _: () = cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query(&mut m)
+        .unwrap();
+    let renewals = stat(&mut m, "keepalive_renewals");
+    caught_up(&mut m, &mut r);
+    caught_up(&mut r, &mut c);
+    let batches = calls(&mut r, "rlock.deltas");
+    assert!(
+        batches >= 2 && renewals >= 10 * batches,
+        "{renewals} renewals in {batches} RLOCK.DELTAS"
+    );
+    assert_eq!(
+        calls(&mut c, "rlock.deltas"),
+        batches,
+        "passed on once each"
+    );
+    // `RLOCK.DELTA` carried the 80 grants only.
+    assert_eq!(calls(&mut r, "rlock.delta"), 80);
+    let expected = digest(&mut m);
+    assert_eq!(digest(&mut r), expected);
+    assert_eq!(digest(&mut c), expected);
+    for db in ["0", "3"] {
+        for conn in [&mut m, &mut r, &mut c] {
+            let _: () = cmd("SELECT").arg(db).query(conn).unwrap();
+            assert_eq!(int(conn, &["DBSIZE"]), 40, "db {db}");
+        }
+    }
+    // The master's AOF, loaded again, gives the same state.
+    let _: () = cmd("DEBUG").arg("LOADAOF").query(&mut m).unwrap();
+    assert_eq!(digest(&mut m), expected);
+    let _: () = cmd("CLIENT").arg("UNPAUSE").query(&mut m).unwrap();
+    assert!(!master.log().contains("refused"), "{}", master.log());
+    assert!(!replica.log().contains("refused"), "{}", replica.log());
 }

@@ -1,6 +1,6 @@
 //! Untrusted payloads (issue 12): mutated `DUMP` payloads of every lock family
 //! through `RESTORE`, the same mutations inside RDB files loaded at startup, and
-//! mutated replicated effects (`RLOCK.DELTA`, `RLOCK.SETSTATE`) replayed from an
+//! mutated replicated effects (`RLOCK.DELTA`, `RLOCK.DELTAS`, `RLOCK.SETSTATE`) replayed from an
 //! AOF. Nothing may crash the server, leave an impossible or unreleasable lock,
 //! leak memory, or poison the fencing tokens.
 //!
@@ -2571,7 +2571,7 @@ fn a_restored_lock_keeps_its_ttl_through_the_aof() {
 }
 
 // ---------------------------------------------------------------------------
-// Mutated replicated effects (`RLOCK.DELTA`, `RLOCK.SETSTATE`) replayed from an
+// Mutated replicated effects (`RLOCK.DELTA`, `RLOCK.DELTAS`, `RLOCK.SETSTATE`) replayed from an
 // AOF at startup: the server starts, and every key is either exactly as the
 // unmutated effects left it, or a valid lock that can be released.
 
@@ -2910,10 +2910,23 @@ fn mutated_replicated_effects_leave_keys_unchanged_or_valid() {
     let expected = digests(&mut reference.client(), &keys);
     drop(reference);
 
+    // A third of the mutated deltas arrive as a KEEPALIVE tick sends its
+    // renewals: `RLOCK.DELTAS key delta` (each change judged the same way).
+    let batched: Vec<Vec<Vec<u8>>> = effects
+        .iter()
+        .map(|e| match &e.mutated[..] {
+            [name, key, delta] if name == b"RLOCK.DELTA" && rng.chance(3) => {
+                vec![b"RLOCK.DELTAS".to_vec(), key.clone(), delta.clone()]
+            }
+            _ => e.mutated.clone(),
+        })
+        .collect();
+    let as_deltas = batched.iter().filter(|m| m[0] == b"RLOCK.DELTAS").count();
+    assert!(as_deltas > 100, "{as_deltas} sent as RLOCK.DELTAS");
     let mut all = Vec::new();
-    for e in &effects {
+    for (e, mutated) in effects.iter().zip(&batched) {
         all.extend(e.base.as_ref());
-        all.push(&e.mutated);
+        all.push(mutated);
     }
     // And effects aimed at a key holding a string.
     let plain_delta = vec![b"RLOCK.DELTA".to_vec(), b"plain".to_vec(), vec![1, 0, b'F']];
@@ -2973,8 +2986,9 @@ fn mutated_replicated_effects_leave_keys_unchanged_or_valid() {
     let refused = s.log().matches("refused a replicated change").count();
     let must = effects.iter().filter(|e| e.must_refuse).count();
     eprintln!(
-        "aof: {} mutated effects replayed: {refused} refused (log), {unchanged} keys unchanged, \
-         {changed} changed into valid locks, {gone} removed; {must} had to be refused; {:?}",
+        "aof: {} mutated effects replayed ({as_deltas} as RLOCK.DELTAS): {refused} refused (log), \
+         {unchanged} keys unchanged, {changed} changed into valid locks, {gone} removed; \
+         {must} had to be refused; {:?}",
         effects.len(),
         started.elapsed()
     );

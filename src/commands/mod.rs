@@ -16,7 +16,7 @@ use crate::ffi::{self, bytes, now_ms, Ctx, RStr, Reply};
 use crate::lock::{Kind, Mode};
 
 pub use multi::{acquire_all, release_all, renew_all, report_key_positions};
-pub use setstate::{delta, setstate};
+pub use setstate::{delta, deltas, setstate};
 
 fn arity_error(argv: &[*mut RStr]) -> Reply {
     let name = argv

@@ -2,6 +2,8 @@
 //! while loading the AOF:
 //! - `RLOCK.DELTA key delta ["" ...]`: the steps of one change (`lock::delta`),
 //!   with the empty strings a master's `effect` may leave after it;
+//! - `RLOCK.DELTAS key delta [key delta ...]`: several changes' steps, applied
+//!   in turn (a master's KEEPALIVE timer gathers its renewals so, `effect`);
 //! - `RLOCK.SETSTATE key kind n [owner reads writes token deadline]...`: a whole
 //!   state, as AOF rewrite emits it (and as masters before deltas replicated).
 
@@ -62,6 +64,38 @@ pub fn delta(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
             steps.join(", "),
             held_here(ctx, argv[1])
         )
+    })
+}
+
+/// `RLOCK.DELTAS`: each change all or nothing, as `RLOCK.DELTA` applies it.
+pub fn deltas(ctx: *mut Ctx, argv: &[*mut RStr]) -> Reply {
+    if let Err(e) = trusted(ctx, "RLOCK.DELTAS") {
+        return e;
+    }
+    if argv.len() < 3 || argv.len().is_multiple_of(2) {
+        return Reply::err("ERR wrong number of arguments for 'rlock.deltas' command");
+    }
+    // Every delta is read before any is applied: a malformed one changes nothing.
+    let mut changes = Vec::with_capacity(argv.len() / 2);
+    for pair in argv[1..].chunks_exact(2) {
+        match delta::decode(unsafe { bytes(pair[1]) }) {
+            Some((kind, ops)) => changes.push((pair[0], kind, ops)),
+            None => return logged(pair[0], Reply::err(err::INVALID_DELTA), String::new),
+        }
+    }
+    let applied = changes.len() as i64;
+    // The changes are one command to this server's AOF and replicas too.
+    crate::effect::passed_on_once(ctx, || {
+        let mut refused = None;
+        for (key, kind, ops) in changes {
+            let reply = engine::execute(ctx, key, None, Action::Replay(kind, ops));
+            if let Reply::Error(_) = &reply {
+                // Refused, this one stays as it was; the others are applied.
+                let reply = logged(key, reply, || format!("; here: {}", held_here(ctx, key)));
+                refused.get_or_insert(reply);
+            }
+        }
+        refused.unwrap_or(Reply::Int(applied))
     })
 }
 

@@ -748,7 +748,7 @@ fn announce(
     {
         // A replicated effect applied here goes on to this server's AOF (and
         // its replicas) exactly as it came.
-        unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+        crate::effect::pass_on(ctx);
     }
     for reason in change.ended.iter() {
         notify::publish(ctx, db, name, reason);

@@ -30,6 +30,10 @@ const VERSION: u8 = 1;
 /// The command that applies a delta on a replica or from the AOF.
 pub const COMMAND: &std::ffi::CStr = c"RLOCK.DELTA";
 
+/// The command that applies several changes' deltas in turn, `key delta` for
+/// each: the renewals a timer tick makes in one database.
+pub const BATCH_COMMAND: &std::ffi::CStr = c"RLOCK.DELTAS";
+
 /// Buffers larger than this are not kept for the next change.
 const SPARE_LIMIT: usize = 4096;
 
