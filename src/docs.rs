@@ -490,47 +490,36 @@ fn family_doc(family: &Family, command: &Command) -> Doc {
     }
 }
 
+/// A command outside the families, described as it stands.
+fn command_doc(c: &Command, keys: KeySearch, args: Vec<Arg>) -> Doc {
+    Doc {
+        summary: c.summary.to_string(),
+        complexity: c.complexity.unwrap_or_default().to_string(),
+        arity: c.arity,
+        key_flags: c.key_flags,
+        keys,
+        tips: c.tips,
+        args,
+    }
+}
+
 /// The description of a command by its full name (lowercase), if it has one.
 fn doc_for(name: &str) -> Option<Doc> {
     let (prefix, rest) = name.split_once('.')?;
-    if let Some(c) = INTERNAL
-        .iter()
-        .find(|c| prefix == "rlock" && c.name == rest)
-    {
-        return Some(Doc {
-            summary: c.summary.to_string(),
-            complexity: c.complexity.unwrap_or_default().to_string(),
-            arity: c.arity,
-            key_flags: c.key_flags,
-            keys: KeySearch::One,
-            tips: c.tips,
-            args: [&[KEY][..], c.args].concat(),
-        });
+    let rlock = |c: &&Command| prefix == "rlock" && c.name == rest;
+    if let Some(c) = INTERNAL.iter().copied().find(rlock) {
+        return Some(command_doc(
+            c,
+            KeySearch::One,
+            [&[KEY][..], c.args].concat(),
+        ));
     }
-    if prefix == "rlock" && rest == DELTAS.name {
-        return Some(Doc {
-            summary: DELTAS.summary.to_string(),
-            complexity: DELTAS.complexity.unwrap_or_default().to_string(),
-            arity: DELTAS.arity,
-            key_flags: DELTAS.key_flags,
-            keys: KeySearch::Pairs,
-            tips: DELTAS.tips,
-            args: DELTAS.args.to_vec(),
-        });
+    if rlock(&&DELTAS) {
+        return Some(command_doc(&DELTAS, KeySearch::Pairs, DELTAS.args.to_vec()));
     }
-    if let Some(c) = MULTI_KEY
-        .iter()
-        .find(|c| prefix == "rlock" && c.name == rest)
-    {
-        return Some(Doc {
-            summary: c.summary.to_string(),
-            complexity: c.complexity.unwrap_or_default().to_string(),
-            arity: c.arity,
-            key_flags: c.key_flags,
-            keys: KeySearch::NumKeys,
-            tips: c.tips,
-            args: [&[NUMKEYS, KEYS][..], c.args].concat(),
-        });
+    if let Some(c) = MULTI_KEY.iter().find(rlock) {
+        let args = [&[NUMKEYS, KEYS][..], c.args].concat();
+        return Some(command_doc(c, KeySearch::NumKeys, args));
     }
     let family = FAMILIES.iter().find(|f| f.prefix == prefix)?;
     let command = COMMANDS.iter().find(|c| c.name == rest)?;

@@ -321,33 +321,21 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
     // applied in turn: one refused (a string key) leaves the others applied;
     // one malformed, or a key without its delta, leaves every key as it was.
     let fresh = |token: u64, owner: &[u8]| delta_new(0, token, now + 600_000, owner);
-    aof.extend(resp(&[
-        b"RLOCK.DELTAS",
-        b"batch1",
-        &fresh(45, b"b1"),
-        b"batch2",
-        &fresh(46, b"b2"),
-    ]));
-    aof.extend(resp(&[
-        b"RLOCK.DELTAS",
-        b"plain",
-        &fresh(47, b"x"),
-        b"batch3",
-        &fresh(48, b"b3"),
-    ]));
-    aof.extend(resp(&[
-        b"RLOCK.DELTAS",
-        b"batch4",
-        &fresh(49, b"b4"),
-        b"batch5",
-        b"\x01\x00garbage",
-    ]));
-    aof.extend(resp(&[
-        b"RLOCK.DELTAS",
-        b"batch6",
-        &fresh(50, b"b6"),
-        b"batch7",
-    ]));
+    let (b1, b2, x, b3, b4) = (
+        fresh(45, b"b1"),
+        fresh(46, b"b2"),
+        fresh(47, b"x"),
+        fresh(48, b"b3"),
+        fresh(49, b"b4"),
+    );
+    for args in [
+        &[&b"batch1"[..], &b1, b"batch2", &b2][..],
+        &[b"plain", &x, b"batch3", &b3],
+        &[b"batch4", &b4, b"batch5", b"\x01\x00garbage"],
+        &[b"batch6", &fresh(50, b"b6"), b"batch7"],
+    ] {
+        aof.extend(resp(&[&[&b"RLOCK.DELTAS"[..]][..], args].concat()));
+    }
     // Rewritten locks: as this version writes them and as the one before did,
     // each with the PEXPIREAT Redis writes after it (the key's TTL).
     let (t3, t4) = (((now as u64) << 20) + 3, ((now as u64) << 20) + 4);
