@@ -673,18 +673,22 @@ fn main() {
             "(w) memory of a parked waiter: {} clients, per server",
             env.cfg.parked_waiters
         ));
+        let mut leaving = Vec::new();
         for (label, binary) in waiters::servers() {
             for native in [true, false] {
-                let x = waiters::run(&env, label, &binary, native);
-                progress(&format!(
-                    "  {label:<20} {:<26} {:>8.0} B/client; left after 1 s {:>7.0}, 10 s {:>7.0}",
-                    x.label(),
-                    x.bytes_per_waiter,
-                    x.left_after_1s,
-                    x.left_after_10s
-                ));
-                r.waiter_memory.push(x);
+                leaving.push(waiters::park_and_leave(&env, label, &binary, native));
             }
+        }
+        for x in leaving.into_iter().map(waiters::Leaving::finish) {
+            progress(&format!(
+                "  {:<20} {:<26} {:>8.0} B/client; left after 1 s {:>7.0}, 10 s {:>7.0}",
+                x.server,
+                x.label(),
+                x.bytes_per_waiter,
+                x.left_after_1s,
+                x.left_after_10s
+            ));
+            r.waiter_memory.push(x);
         }
     }
 

@@ -17,7 +17,8 @@ pub fn render_waiter_memory(w: &mut String, r: &Results) {
          server each. Bytes per client: growth of `used_memory` from before the clients \
          connected to all of them parked (the connection itself included, as a user pays it). \
          Then every client disconnects; left: `used_memory` above the baseline 1 s and 10 s \
-         later, per client that was parked. A module's blocked client carries a reply client \
+         later, per client that was parked (the next server is measured during a server's \
+         10 s; only one has clients at a time). A module's blocked client carries a reply client \
          of its own (Redis's `RM_BlockClientOnKeys`), which `BLPOP` does not: that is most of \
          the difference, and no module API lets a blocked client go without it.\n"
     );
