@@ -6,12 +6,11 @@
 //! third of the lease) through the engine, so the renewal is replicated like a
 //! RENEW (a tick's renewals as one `RLOCK.DELTAS` per database); when the
 //! connection closes, the engine ends every holding bound to it as a release.
-//! A binding names the holding by its token: it belongs to the
-//! tenure, survives further acquisitions, RELEASE and RENEW by the owner from
-//! any connection, follows its value through `SWAPDB`, and is dropped once
-//! the tenure is gone (found at its next renewal). Bindings are connections:
-//! never persisted or replicated, and dropped when this server stops being a
-//! master.
+//! A binding names the holding by its token: it belongs to the tenure,
+//! survives further acquisitions, RELEASE and RENEW by the owner from any
+//! connection, follows its value through `SWAPDB`, and is dropped once the
+//! tenure is gone (found at its next renewal). Bindings are connections: never
+//! persisted or replicated, and dropped when this server stops being a master.
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -285,6 +284,39 @@ struct Renewal {
     lease_ms: i64,
 }
 
+impl Registry {
+    /// Up to a tick's worth of the bindings due by `now` (or within an eighth
+    /// of their interval), taken off the schedule; each goes back on it once
+    /// renewed, at its `next`.
+    fn take_due(&mut self, now: i64) -> Vec<Renewal> {
+        let mut due = Vec::new();
+        while due.len() < MAX_PER_TICK {
+            let Some(&(at, id)) = self.due.first() else {
+                break;
+            };
+            let early = self
+                .bindings
+                .get(&id)
+                .map_or(0, |b| renew_early(b.lease_ms));
+            if at > now.saturating_add(early) {
+                break;
+            }
+            self.due.pop_first();
+            if let Some(b) = self.bindings.get_mut(&id) {
+                b.next = now.saturating_add(renew_every(b.lease_ms));
+                due.push(Renewal {
+                    id,
+                    db: b.holding.0,
+                    keyname: Rc::clone(&b.keyname),
+                    token: b.holding.2,
+                    lease_ms: b.lease_ms,
+                });
+            }
+        }
+        due
+    }
+}
+
 /// Renews the holdings that are due; a holding whose tenure is gone is unbound.
 unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
     crate::ffi::contained("keepalive timer", (), || {
@@ -299,31 +331,7 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
         // the next turns of the event loop.
         let closed = with(|r| r.closed.drain(..r.closed.len().min(MAX_PER_TICK)).collect());
         end_all(ctx, closed);
-        let due: Vec<Renewal> = with(|r| {
-            let mut due = Vec::new();
-            while due.len() < MAX_PER_TICK {
-                let Some(&(at, id)) = r.due.first() else {
-                    break;
-                };
-                let early = r.bindings.get(&id).map_or(0, |b| renew_early(b.lease_ms));
-                if at > now.saturating_add(early) {
-                    break;
-                }
-                r.due.pop_first();
-                if let Some(b) = r.bindings.get_mut(&id) {
-                    // Next renewal from now on; the entry goes back below.
-                    b.next = now.saturating_add(renew_every(b.lease_ms));
-                    due.push(Renewal {
-                        id,
-                        db: b.holding.0,
-                        keyname: Rc::clone(&b.keyname),
-                        token: b.holding.2,
-                        lease_ms: b.lease_ms,
-                    });
-                }
-            }
-            due
-        });
+        let due = with(|r| r.take_due(now));
         // A master refusing writes renews nothing (as it refuses RENEW).
         let renew = crate::role::is_master() && !crate::min_replicas::refuses_writes();
         // One `RLOCK.DELTAS` per database for the tick's renewals.
