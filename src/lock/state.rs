@@ -597,19 +597,7 @@ impl LockState {
                 mode,
                 deadline,
             } => self.replay_hold(token, mode, deadline)?,
-            Op::Release { token, mode } => {
-                let h = self.by_token(token).ok_or(bad)?;
-                if !self.mode_allowed(mode) || h.holds(mode) < mode.amount() {
-                    return Err(bad);
-                }
-                if h.reads + h.writes == mode.amount() {
-                    Undo::Restore(self.remove(token).expect("present"))
-                } else {
-                    let before = Undo::counts(h);
-                    self.drop_hold(token, mode);
-                    before
-                }
-            }
+            Op::Release { token, mode } => self.replay_release(token, mode)?,
             Op::Renew { token, deadline } => {
                 let h = self.by_token(token).ok_or(bad)?;
                 if deadline < 0 {
@@ -634,24 +622,9 @@ impl LockState {
                     reads,
                     writes,
                 };
-                if !self.fits(&holder, max_token) {
-                    return Err(bad);
-                }
-                self.insert(holder);
-                Undo::Remove(token)
+                self.replay_whole_holder(holder, max_token)?
             }
-            Op::Lock { encoded } => {
-                let whole = match read_whole(encoded, Layout::V3, max_token).map_err(|_| bad)? {
-                    Whole::Packed(c) => c.unpack(),
-                    Whole::State(s) => s,
-                };
-                if !self.is_free() || whole.kind != self.kind {
-                    return Err(bad);
-                }
-                let before = Undo::Free { limit: self.limit };
-                *self = whole;
-                before
-            }
+            Op::Lock { encoded } => self.replay_lock(encoded, max_token)?,
             Op::Force => {
                 if self.is_free() {
                     return Err(bad);
@@ -667,6 +640,52 @@ impl LockState {
                 before
             }
         })
+    }
+
+    /// One hold (or the whole holding, with its last hold) given back.
+    fn replay_release(&mut self, token: u64, mode: Mode) -> Result<Undo, &'static str> {
+        let bad = err::INVALID_DELTA;
+        let h = self.by_token(token).ok_or(bad)?;
+        if !self.mode_allowed(mode) || h.holds(mode) < mode.amount() {
+            return Err(bad);
+        }
+        Ok(if h.reads + h.writes == mode.amount() {
+            Undo::Restore(self.remove(token).expect("present"))
+        } else {
+            let before = Undo::counts(h);
+            self.drop_hold(token, mode);
+            before
+        })
+    }
+
+    /// A whole holder (an `S` step: how AOF rewrites wrote each holder before
+    /// the `W` step), if it fits beside the others.
+    fn replay_whole_holder(
+        &mut self,
+        holder: Holder,
+        max_token: u64,
+    ) -> Result<Undo, &'static str> {
+        if !self.fits(&holder, max_token) {
+            return Err(err::INVALID_DELTA);
+        }
+        let token = holder.token;
+        self.insert(holder);
+        Ok(Undo::Remove(token))
+    }
+
+    /// A whole lock in its RDB encoding, onto a free one of the same kind.
+    fn replay_lock(&mut self, encoded: &[u8], max_token: u64) -> Result<Undo, &'static str> {
+        let bad = err::INVALID_DELTA;
+        let whole = match read_whole(encoded, Layout::V3, max_token).map_err(|_| bad)? {
+            Whole::Packed(c) => c.unpack(),
+            Whole::State(s) => s,
+        };
+        if !self.is_free() || whole.kind != self.kind {
+            return Err(bad);
+        }
+        let before = Undo::Free { limit: self.limit };
+        *self = whole;
+        Ok(before)
     }
 
     /// A new holder as the master granted it: admitted here too, or refused.
