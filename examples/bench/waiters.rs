@@ -119,7 +119,9 @@ pub fn park_and_leave(env: &Env, server: &'static str, binary: &str, native: boo
     let after_1s = used_memory(&srv);
     let after_10s = std::thread::spawn(move || {
         sleep(Duration::from_secs(10).saturating_sub(gone.elapsed()));
-        used_memory(&srv)
+        let bytes = used_memory(&srv);
+        drop(admin); // a client in `base` until the last reading
+        bytes
     });
     Leaving {
         server,
