@@ -22,32 +22,33 @@ struct Cluster {
     ids: Vec<String>,
 }
 
+/// A cluster-enabled server, not yet in any cluster.
+fn start_node() -> Server {
+    // The bus port is explicit: port + 10000 may not exist.
+    let bus = free_port().to_string();
+    Server::start_with(
+        &[
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--cluster-enabled",
+            "yes",
+            // Each server has its own --dir, so the name is unique.
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-port",
+            &bus,
+            "--cluster-node-timeout",
+            "15000",
+        ],
+        &[],
+    )
+}
+
 impl Cluster {
     fn start() -> Cluster {
-        let nodes: Vec<Server> = (0..3)
-            .map(|_| {
-                // The bus port is explicit: port + 10000 may not exist.
-                let bus = free_port().to_string();
-                Server::start_with(
-                    &[
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                        "--cluster-enabled",
-                        "yes",
-                        // Each server has its own --dir, so the name is unique.
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-port",
-                        &bus,
-                        "--cluster-node-timeout",
-                        "15000",
-                    ],
-                    &[],
-                )
-            })
-            .collect();
+        let nodes: Vec<Server> = (0..3).map(|_| start_node()).collect();
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for n in &nodes {
@@ -115,6 +116,44 @@ impl Cluster {
         self.nodes.iter().position(|n| n.port == port).unwrap()
     }
 
+    /// A fourth node, made a replica of node `of`; returned once it is synced
+    /// and its master counts it online.
+    fn add_replica(&self, of: usize) -> Server {
+        let replica = start_node();
+        let mut r = replica.client();
+        let master = &self.nodes[of];
+        let mut m = master.client();
+        // Its bus port, as it gives it: `<id> <ip>:<port>@<bus port> myself,...`.
+        let nodes: String = cmd("CLUSTER").arg("NODES").query(&mut m).unwrap();
+        let bus = nodes
+            .lines()
+            .find(|l| l.contains("myself"))
+            .and_then(|l| l.split(['@', ' ', ',']).nth(2))
+            .unwrap_or_else(|| panic!("no bus port in {nodes}"))
+            .to_string();
+        let _: () = cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(master.port)
+            .arg(bus)
+            .query(&mut r)
+            .unwrap();
+        wait_until(Duration::from_secs(30), || {
+            let nodes: String = cmd("CLUSTER").arg("NODES").query(&mut r).unwrap();
+            nodes.contains(&self.ids[of])
+        });
+        let _: () = cmd("CLUSTER")
+            .arg("REPLICATE")
+            .arg(&self.ids[of])
+            .query(&mut r)
+            .unwrap();
+        wait_until(Duration::from_secs(30), || {
+            replication(&mut r, "master_link_status").as_deref() == Some("up")
+                && replication(&mut m, "slave0").is_some_and(|s| s.contains("state=online"))
+        });
+        replica
+    }
+
     fn client(&self) -> ClusterConnection {
         ClusterClient::builder(
             self.nodes
@@ -170,6 +209,31 @@ fn release_args(family: &str, key: &str, owner: &str) -> Vec<String> {
 
 fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(|s| s.as_str()).collect()
+}
+
+/// A field of `INFO replication`.
+fn replication(c: &mut Connection, name: &str) -> Option<String> {
+    let info: String = cmd("INFO").arg("replication").query(c).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .map(|v| v.trim().to_string())
+}
+
+/// `INFO commandstats` of one command: (calls, failed calls).
+fn command_calls(c: &mut Connection, name: &str) -> (i64, i64) {
+    let stats: String = cmd("INFO").arg("commandstats").query(c).unwrap();
+    let Some(line) = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
+    else {
+        return (0, 0);
+    };
+    let count = |what: &str| {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(&format!("{what}=")))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (count("calls"), count("failed_calls"))
 }
 
 fn dbsize(s: &Server) -> i64 {
@@ -505,4 +569,74 @@ fn locks_move_with_their_slot_and_clients_follow_moved() {
         waited >= Duration::from_millis(3900) && waited < Duration::from_millis(5500),
         "granted {waited:?} after a 4000 ms lease began"
     );
+}
+
+/// A tick's KEEPALIVE renewals go out as one `RLOCK.DELTAS` whatever slots
+/// their keys hash to: the command only comes from a master's stream or the
+/// AOF, where no slot is checked. A cluster replica applies every one of
+/// them and ends with its master's keyspace.
+#[test]
+fn keepalive_renewals_over_many_slots_reach_a_cluster_replica() {
+    let cluster = Cluster::start();
+    let replica = cluster.add_replica(0);
+    let (mut m, mut r) = (cluster.nodes[0].client(), replica.client());
+    let port = cluster.nodes[0].port;
+    let served = cluster.slot_map(&mut m);
+    let on_node_0 = |key: &String| {
+        let slot = get_slot(key.as_bytes());
+        served
+            .iter()
+            .any(|&(lo, hi, p)| p == port && (lo..=hi).contains(&slot))
+    };
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(on_node_0)
+        .take(100)
+        .collect();
+    let slots: std::collections::HashSet<u16> =
+        keys.iter().map(|k| get_slot(k.as_bytes())).collect();
+    assert!(slots.len() > 90, "{} slots", slots.len());
+    // Bound to one open connection, renewed every 200 ms.
+    let mut holder = cluster.nodes[0].client();
+    let mut p = redis::pipe();
+    for k in &keys {
+        p.cmd("RLOCK.ACQUIRE")
+            .arg(k)
+            .arg("o")
+            .arg("PX")
+            .arg(600)
+            .arg("KEEPALIVE");
+    }
+    let tokens: Vec<i64> = p.query(&mut holder).unwrap();
+    assert_eq!(tokens.len(), 100);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Writes paused: no more renewals, so the two copies can be compared.
+    let _: () = cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query(&mut m)
+        .unwrap();
+    let renewals = stat(&mut m, "keepalive_renewals");
+    assert!(renewals >= 500, "{renewals} renewals");
+    let sent: i64 = replication(&mut m, "master_repl_offset")
+        .unwrap()
+        .parse()
+        .unwrap();
+    wait_until(Duration::from_secs(10), || {
+        replication(&mut r, "slave_repl_offset").and_then(|v| v.parse().ok()) >= Some(sent)
+    });
+    let (batches, failed) = command_calls(&mut r, "rlock.deltas");
+    assert!(
+        batches >= 2 && renewals >= 10 * batches,
+        "{renewals} renewals in {batches} RLOCK.DELTAS"
+    );
+    assert_eq!(failed, 0, "RLOCK.DELTAS refused on the replica");
+    let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
+    assert_eq!(digest(&mut r), digest(&mut m));
+    assert_eq!(dbsize(&replica), 100);
+    let _: () = cmd("CLIENT").arg("UNPAUSE").query(&mut m).unwrap();
+    // Still held: renewed well past the 600 ms lease.
+    assert!(int(&mut m, &["PTTL", &keys[0]]) > 0);
+    assert!(!replica.log().contains("refused"), "{}", replica.log());
 }
