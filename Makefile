@@ -88,13 +88,16 @@ test-full: test
 # The integration suites with every redis-server under valgrind memcheck: fails on
 # a definite leak or a memory error in module code (checked as each server stops).
 # Valgrind slows the server ~20x, so the few tests built on sub-second leases are
-# skipped here (they run in make test).
+# skipped here (they run in make test), and so is the deadlock check of 3,060 waiters
+# parked at once, whose answers take longer than the test's reads wait.
 VALGRIND_SKIP := --skip through_lease_expiries --skip ten_thousand_disconnected_waiters \
 	--skip replica_never_expires_or_grants --skip each_reader_lease_is_its_own \
-	--skip replica_follows_lease_expiry --skip within_a_few_ms_of_the_lease_deadline
+	--skip replica_follows_lease_expiry --skip within_a_few_ms_of_the_lease_deadline \
+	--skip a_burst_larger_than_one_slice
 test-valgrind: build
 	@command -v valgrind >/dev/null 2>&1 || apt-get install -y -qq valgrind
 	RLOCK_VALGRIND=1 cargo test --release --no-fail-fast --test rlock --test fairlock --test rwlock \
 		--test persistence --test replication --test acl --test command_docs --test readme \
-		--test keepalive --test deltas --test chaos \
+		--test keepalive --test deltas --test chaos --test semaphore --test multilock \
+		--test deadlock --test swapdb --test restore --test bad_input \
 		-- --test-threads=2 $(VALGRIND_SKIP)
