@@ -598,17 +598,7 @@ fn keepalive_renewals_over_many_slots_reach_a_cluster_replica() {
     assert!(slots.len() > 90, "{} slots", slots.len());
     // Bound to one open connection, renewed every 200 ms.
     let mut holder = cluster.nodes[0].client();
-    let mut p = redis::pipe();
-    for k in &keys {
-        p.cmd("RLOCK.ACQUIRE")
-            .arg(k)
-            .arg("o")
-            .arg("PX")
-            .arg(600)
-            .arg("KEEPALIVE");
-    }
-    let tokens: Vec<i64> = p.query(&mut holder).unwrap();
-    assert_eq!(tokens.len(), 100);
+    assert_eq!(acquire_keepalive(&mut holder, &keys, "o", 600).len(), 100);
     std::thread::sleep(Duration::from_millis(1500));
     // Writes paused: no more renewals, so the two copies can be compared.
     let _: () = cmd("CLIENT")

@@ -626,19 +626,10 @@ fn a_ticks_renewals_go_out_as_one_deltas_per_database() {
     let mut on_replica = monitor(&replica);
     // 40 holdings in db 0 and 40 in db 3, bound to one open connection.
     let mut holder = master.client();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
     for db in ["0", "3"] {
-        let mut p = redis::pipe();
-        p.cmd("SELECT").arg(db).ignore();
-        for i in 0..40 {
-            p.cmd("RLOCK.ACQUIRE")
-                .arg(format!("k{i}"))
-                .arg("o")
-                .arg("PX")
-                .arg(600)
-                .arg("KEEPALIVE");
-        }
-        let tokens: Vec<i64> = p.query(&mut holder).unwrap();
-        assert_eq!(tokens.len(), 40);
+        let _: () = cmd("SELECT").arg(db).query(&mut holder).unwrap();
+        assert_eq!(acquire_keepalive(&mut holder, &keys, "o", 600).len(), 40);
     }
     // About seven renewal rounds (every 200 ms).
     sleep(Duration::from_millis(1500));

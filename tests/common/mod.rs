@@ -603,6 +603,26 @@ pub fn stat(c: &mut Connection, name: &str) -> i64 {
         .unwrap()
 }
 
+/// Acquires `keys` as RLOCKs of `owner` with `PX lease_ms KEEPALIVE`, in one
+/// pipeline on `c`, the connection they are then bound to; their tokens.
+pub fn acquire_keepalive(
+    c: &mut Connection,
+    keys: &[String],
+    owner: &str,
+    lease_ms: u64,
+) -> Vec<i64> {
+    let mut p = redis::pipe();
+    for k in keys {
+        p.cmd("RLOCK.ACQUIRE")
+            .arg(k)
+            .arg(owner)
+            .arg("PX")
+            .arg(lease_ms)
+            .arg("KEEPALIVE");
+    }
+    p.query(c).unwrap()
+}
+
 /// Runs a blocking command on its own connection and thread.
 pub fn spawn_call(
     server: &Server,
