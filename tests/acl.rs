@@ -52,10 +52,6 @@ fn refs(argv: &[String]) -> Vec<&str> {
     argv.iter().map(|s| s.as_str()).collect()
 }
 
-fn digest(c: &mut Connection) -> String {
-    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
 #[test]
 fn restricted_user_uses_every_command_on_its_keys() {
     let s = Server::start();

@@ -1098,10 +1098,6 @@ fn info_field(c: &mut Connection, section: &str, name: &str) -> Option<String> {
         .map(|v| v.trim().to_string())
 }
 
-fn digest(c: &mut Connection) -> String {
-    redis::cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
 /// Every key of dbs 0 and 1 with its DEBUG DIGEST-VALUE and TYPE.
 fn per_key(c: &mut Connection) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
@@ -1231,15 +1227,6 @@ fn settled_snapshot(c: &mut Connection) -> (String, BTreeMap<String, String>, St
         last = Some((d, keys, space));
     }
     last.unwrap()
-}
-
-fn pause_writes(c: &mut Connection, ms: u64) {
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(ms)
-        .arg("WRITE")
-        .query(c)
-        .unwrap();
 }
 
 fn unpause(c: &mut Connection) {

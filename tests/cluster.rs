@@ -601,12 +601,7 @@ fn keepalive_renewals_over_many_slots_reach_a_cluster_replica() {
     assert_eq!(acquire_keepalive(&mut holder, &keys, "o", 600).len(), 100);
     std::thread::sleep(Duration::from_millis(1500));
     // Writes paused: no more renewals, so the two copies can be compared.
-    let _: () = cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(10_000)
-        .arg("WRITE")
-        .query(&mut m)
-        .unwrap();
+    pause_writes(&mut m, 10_000);
     let renewals = stat(&mut m, "keepalive_renewals");
     assert!(renewals >= 500, "{renewals} renewals");
     let sent: i64 = replication(&mut m, "master_repl_offset")
@@ -622,7 +617,6 @@ fn keepalive_renewals_over_many_slots_reach_a_cluster_replica() {
         "{renewals} renewals in {batches} RLOCK.DELTAS"
     );
     assert_eq!(failed, 0, "RLOCK.DELTAS refused on the replica");
-    let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
     assert_eq!(digest(&mut r), digest(&mut m));
     assert_eq!(dbsize(&replica), 100);
     let _: () = cmd("CLIENT").arg("UNPAUSE").query(&mut m).unwrap();

@@ -11,10 +11,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn digest(c: &mut Connection) -> String {
-    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
 fn repl_offset(c: &mut Connection, field_name: &str) -> i64 {
     let info: String = cmd("INFO").arg("replication").query(c).unwrap();
     info.lines()
@@ -646,12 +642,7 @@ fn a_ticks_renewals_go_out_as_one_deltas_per_database() {
         "at most {most:?} keys in one RLOCK.DELTAS"
     );
     // Writes paused: no more renewals, so every copy can be compared.
-    let _: () = cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(10_000)
-        .arg("WRITE")
-        .query(&mut m)
-        .unwrap();
+    pause_writes(&mut m, 10_000);
     let renewals = stat(&mut m, "keepalive_renewals");
     caught_up(&mut m, &mut r);
     caught_up(&mut r, &mut c);

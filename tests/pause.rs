@@ -11,19 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn digest(c: &mut Connection) -> String {
-    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
-fn pause(c: &mut Connection, ms: u64) {
-    let _: () = cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(ms)
-        .arg("WRITE")
-        .query(c)
-        .unwrap();
-}
-
 type Waiter = std::thread::JoinHandle<(redis::RedisResult<Value>, Duration)>;
 
 /// Sets up everything the module would do on its own within the next 500 ms,
@@ -48,7 +35,7 @@ fn work_falling_due_in_a_pause(master: &Server, c: &mut Connection) -> (Waiter, 
     int(c, &["RLOCK.ACQUIRE", "k", "h", "PX", "300"]);
     let waiter = spawn_call(master, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "10000"]);
     wait_parked(c, 1);
-    pause(c, 1000);
+    pause_writes(c, 1000);
     drop(closing);
     (waiter, bound)
 }
@@ -103,7 +90,7 @@ fn a_lease_ending_under_a_waiter_in_a_pause_with_no_replica() {
     int(&mut c, &["RLOCK.ACQUIRE", "k", "h", "PX", "200"]);
     let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "10000"]);
     wait_parked(&mut c, 1);
-    pause(&mut c, 700);
+    pause_writes(&mut c, 700);
     let (reply, waited) = w.join().unwrap();
     assert!(matches!(reply.unwrap(), Value::Int(_)));
     assert!(waited >= Duration::from_millis(600), "{waited:?}");

@@ -8,10 +8,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn digest(c: &mut Connection) -> String {
-    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
 /// A mix of lock kinds and holders, with distinct deadlines and tokens.
 fn populate(c: &mut Connection) -> Vec<i64> {
     vec![

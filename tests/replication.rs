@@ -8,10 +8,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn digest(c: &mut Connection) -> String {
-    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
 fn wait_replicated(master: &mut Connection) {
     let acked: i64 = cmd("WAIT").arg(1).arg(2000).query(master).unwrap();
     assert_eq!(acked, 1, "replica did not acknowledge");

@@ -125,10 +125,6 @@ fn pttl(c: &mut Connection, key: &str) -> i64 {
     int(c, &["PTTL", key])
 }
 
-fn digest(c: &mut Connection) -> String {
-    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
 fn digest_value(c: &mut Connection, key: &str) -> String {
     let v: Vec<String> = cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap();
     v.concat()

@@ -14,10 +14,6 @@ use common::*;
 /// "At once": a woken waiter must have its reply within this bound.
 const AT_ONCE: Duration = Duration::from_millis(500);
 
-fn digest(c: &mut Connection) -> String {
-    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
-}
-
 /// `SEMAPHORE.ACQUIRE key owner LIMIT n PERMITS k [opts...]`: token or None.
 fn acquire(
     c: &mut Connection,

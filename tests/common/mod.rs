@@ -603,6 +603,22 @@ pub fn stat(c: &mut Connection, name: &str) -> i64 {
         .unwrap()
 }
 
+/// `DEBUG DIGEST` of the server `c` is connected to.
+pub fn digest(c: &mut Connection) -> String {
+    cmd("DEBUG").arg("DIGEST").query(c).unwrap()
+}
+
+/// `CLIENT PAUSE ms WRITE`: no change is made (no lease ends, no renewal),
+/// so a master and its copies can be compared.
+pub fn pause_writes(c: &mut Connection, ms: u64) {
+    let _: () = cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("WRITE")
+        .query(c)
+        .unwrap();
+}
+
 /// Acquires `keys` as RLOCKs of `owner` with `PX lease_ms KEEPALIVE`, in one
 /// pipeline on `c`, the connection they are then bound to; their tokens.
 pub fn acquire_keepalive(
