@@ -6,7 +6,9 @@
 //! hook reports it. The module watches a deadline only where waiting for Redis
 //! is not enough:
 //! - a key with parked waiters: the first of them is handed the lock at the
-//!   first millisecond the lease allows (deadline + 1), not when Redis gets to it;
+//!   first millisecond the lease allows (deadline + 1), not when Redis gets to
+//!   it, and at that millisecond's first microsecond (`waker`), not when
+//!   Redis's millisecond clock fires the timer;
 //! - a key with several holders (readers): each one's lease is its own and
 //!   ends before the key's TTL;
 //! - a key restored by `RESTORE`: its TTL is whatever the caller gave, until
@@ -421,28 +423,59 @@ fn arm_not_before(ctx: *mut Ctx, floor: i64) {
         }
     });
     let Some((old, due)) = stale else { return };
+    // Redis turns the delay into microseconds on its own clock: a lease
+    // decades long would overflow it and fire at once, forever. A capped
+    // timer that fires early finds nothing due and re-arms. The delay is
+    // rounded up from microseconds, so the timer never fires before `due`.
+    let now_us = crate::ffi::micros();
+    let ahead_us = due.saturating_mul(1000).saturating_sub(now_us);
+    let delay = ((ahead_us + 999) / 1000).clamp(0, MAX_TIMER_DELAY_MS);
+    replace_timer(ctx, old, due, now_us, delay);
+    // A lease's end is when a waiter gets the lock: the waker brings the
+    // timer forward to the microsecond `due` begins, where Redis's own
+    // millisecond clock would fire it up to 2 ms later.
+    if delay > 0 && with(|s| s.expiries.first_due() == Some(due)) {
+        crate::waker::wake_at(due.saturating_mul(1000), on_wake);
+    }
+}
+
+/// Stops `old` and arms the Redis timer `delay` ms from `now_us` for the work
+/// due at the millisecond `due`.
+fn replace_timer(ctx: *mut Ctx, old: Option<Armed>, due: i64, now_us: i64, delay: i64) {
     unsafe {
         if let Some(old) = old {
             api!(RedisModule_StopTimer)(ctx, old.id, std::ptr::null_mut());
         }
-        // Redis turns the delay into microseconds on its own clock: a lease
-        // decades long would overflow it and fire at once, forever. A capped
-        // timer that fires early finds nothing due and re-arms. The delay is
-        // rounded up from microseconds, so the timer never fires before `due`
-        // and at most one millisecond after it.
-        let now_us = crate::ffi::micros();
-        let ahead_us = due.saturating_mul(1000).saturating_sub(now_us);
-        let delay = ((ahead_us + 999) / 1000).clamp(0, MAX_TIMER_DELAY_MS);
         let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
-        let fires_at_us = now_us + delay * 1000;
         with(|s| {
             s.timer = Some(Armed {
                 id,
                 due,
-                fires_at_us,
+                fires_at_us: now_us + delay * 1000,
             })
         });
     }
+}
+
+/// The waker's call at the microsecond the armed timer's work is due: if
+/// Redis has not fired the timer yet, it fires now, later in this same turn of
+/// the event loop (timers run after the events that woke it; not while Redis
+/// serves events in the middle of a load or a long script, where none runs).
+unsafe extern "C" fn on_wake(_data: *mut c_void) {
+    crate::ffi::contained("lease wake-up", (), || {
+        if !active() {
+            return;
+        }
+        let now_us = crate::ffi::micros();
+        let pending = with(|s| match s.timer {
+            Some(Armed { due, .. }) if due.saturating_mul(1000) <= now_us => s.timer.take(),
+            _ => None,
+        });
+        if let Some(old) = pending {
+            let due = old.due;
+            replace_timer(crate::ffi::module_context(), Some(old), due, now_us, 0);
+        }
+    })
 }
 
 /// Work of one timer tick before the event loop gets a turn. A command read

@@ -24,6 +24,7 @@ mod role;
 mod stats;
 mod store;
 mod token;
+mod waker;
 
 use std::ffi::CString;
 use std::os::raw::c_int;
