@@ -257,6 +257,18 @@ fn enqueue_on(
     lease_ms: i64,
     multi: bool,
 ) -> u64 {
+    // A queue's waiters are of one family. Waiters of another family still
+    // queued on one of these keys wait for a value that is gone: the caller
+    // found the key holding its own family (or absent, with no such queue),
+    // and their serve pass, due on the next tick, would tell them WRONGTYPE.
+    // They are told now, so this waiter never joins a queue of another
+    // family (which its family's next hand-over would refuse, or a lock of
+    // the other family made for its head would be granted to it).
+    for key in keys {
+        if with_queue(db, key, |q| q.kind() != kind) == Some(true) {
+            fail_all(db, key, crate::lock::err::WRONGTYPE);
+        }
+    }
     with(|r| {
         r.next_id += 1;
         let id = r.next_id;

@@ -1129,6 +1129,48 @@ fn waiters_are_never_granted_another_family_s_lock() {
     assert!(e.to_string().contains("WRONGTYPE"), "{e}");
     assert_eq!(int(&mut c, &["EXISTS", "k"]), 0);
     assert_eq!(stat(&mut c, "waiters"), 0);
+
+    // Overwritten by a write-held RWLOCK (RENAME), and a reader parks on it in
+    // the same turn of the event loop (one pipeline), before the RLOCK
+    // waiters' serve pass: they are told WRONGTYPE then and there, and the
+    // reader waits in a queue of its own family (found by the chaos run: it
+    // had joined theirs, and was refused with them, or, once the key was
+    // gone, granted a read hold in an RLOCK made for their queue).
+    int(&mut c, &["RLOCK.ACQUIRE", "k", "h"]);
+    int(&mut c, &["RWLOCK.ACQUIRE", "rw", "WRITE", "x"]);
+    let w = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    let mut p = s.client();
+    let reader = std::thread::spawn(move || {
+        redis::pipe()
+            .cmd("RENAME")
+            .arg("rw")
+            .arg("k")
+            .ignore()
+            .cmd("RWLOCK.ACQUIRE")
+            .arg(&["k", "READ", "r", "BLOCK", "5000"])
+            .query::<Vec<Value>>(&mut p)
+    });
+    let e = w.join().unwrap().0.unwrap_err();
+    assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+    wait_until(Duration::from_secs(5), || {
+        reader.is_finished() || stat(&mut c, "waiters") == 1
+    });
+    if reader.is_finished() {
+        panic!(
+            "the reader was answered while the writer held the lock: {:?}",
+            reader.join().unwrap()
+        );
+    }
+    int(&mut c, &["RWLOCK.RELEASE", "k", "WRITE", "x"]);
+    let granted = reader.join().unwrap();
+    assert!(
+        matches!(granted.as_deref(), Ok([Value::Int(_)])),
+        "{granted:?}"
+    );
+    let info = info_map(&mut c, &["RWLOCK.INFO", "k"]).unwrap();
+    assert_eq!(as_string(&field(&info, "mode")), "read");
+    assert_eq!(stat(&mut c, "waiters"), 0);
 }
 
 #[test]
