@@ -37,15 +37,13 @@ static WAKER: OnceLock<Option<&'static Waker>> = OnceLock::new();
 
 /// Has `call` run on the main thread soon after the unix microsecond `at_us`,
 /// in place of the alarm set before (one alarm at a time: the caller's next
-/// one supersedes it). False where the server lacks the API, or the thread
+/// one supersedes it). Nothing where the server lacks the API or the thread
 /// could not start: the caller's own timer is then all there is.
-pub fn wake_at(at_us: i64, call: Callback) -> bool {
-    let Some(w) = waker() else {
-        return false;
-    };
-    let ahead = at_us.saturating_sub(crate::ffi::micros()).max(0);
-    w.set(Instant::now() + Duration::from_micros(ahead as u64), call);
-    true
+pub fn wake_at(at_us: i64, call: Callback) {
+    if let Some(w) = waker() {
+        let ahead = at_us.saturating_sub(crate::ffi::micros()).max(0);
+        w.set(Instant::now() + Duration::from_micros(ahead as u64), call);
+    }
 }
 
 fn waker() -> Option<&'static Waker> {
