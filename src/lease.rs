@@ -146,6 +146,14 @@ impl Deadlines {
     fn len(&self) -> usize {
         self.due_of.len()
     }
+
+    /// The key's entry, if it has one.
+    fn due(&self, db: i32, key: &[u8]) -> Option<i64> {
+        if self.due_of.is_empty() {
+            return None;
+        }
+        self.due_of.get(&(db, key.into())).copied()
+    }
 }
 
 /// Longest single wait of the Redis timer (one hour).
@@ -154,6 +162,9 @@ const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 #[derive(Default)]
 struct Schedule {
     expiries: Deadlines,
+    /// Keys Redis removed in the last millisecond of their lease, by the
+    /// millisecond after it: nothing is granted there until then.
+    graces: Deadlines,
     serves: HashMap<(i32, Vec<u8>), IfAbsent>,
     /// Keys a `RESTORE` loaded a lock into, to watch once the command is over.
     restored: VecDeque<DbKey>,
@@ -164,6 +175,16 @@ struct Schedule {
     timer: Option<Armed>,
     /// The last tick fired late and left its work to the next one.
     yielded: bool,
+}
+
+impl Schedule {
+    /// Work only a master acts on: a replica (or a load) drops it.
+    fn drop_pending(&mut self) {
+        self.serves.clear();
+        self.expired.clear();
+        self.restored.clear();
+        self.graces = Deadlines::default();
+    }
 }
 
 /// The Redis timer as armed.
@@ -317,7 +338,32 @@ pub fn watched() -> usize {
 
 /// Forgets the entries of flushed databases (`None`: all of them).
 pub fn forget_db(db: Option<i32>) {
-    with(|s| s.expiries.retain_dbs(|d| db.is_some_and(|x| x != d)));
+    with(|s| {
+        s.expiries.retain_dbs(|d| db.is_some_and(|x| x != d));
+        s.graces.retain_dbs(|d| db.is_some_and(|x| x != d));
+    });
+}
+
+/// Redis removed the key in the last millisecond of its lease, `deadline`: a
+/// hold is valid through its deadline millisecond, and lookups keep a key
+/// through it, but Redis 8's active expiry takes it at that millisecond
+/// already. The key stays closed to grants until the millisecond after, when
+/// its waiters (and any that parked meanwhile) are served. Main thread only.
+pub fn close_until_after(ctx: *mut Ctx, db: i32, key: &[u8], deadline: i64) {
+    with(|s| {
+        // An entry of an earlier lease whose end the timer has not reached.
+        s.graces.remove(db, key);
+        s.graces.insert(deadline.saturating_add(1), db, key)
+    });
+    if active() {
+        arm(ctx);
+    }
+}
+
+/// Whether the absent key's last lease still runs at `now` (see
+/// `close_until_after`): a request must not be granted it yet.
+pub fn closed(db: i32, key: &[u8], now: i64) -> bool {
+    with(|s| s.graces.due(db, key).is_some_and(|opens| opens > now))
 }
 
 /// The number a database has after `SWAPDB a b` for the one numbered `db`
@@ -341,6 +387,7 @@ pub fn across_swap(db: i32, (a, b): (i32, i32)) -> i32 {
 pub fn swap_dbs(a: i32, b: i32) {
     with(|s| {
         s.expiries.renumber(|db| across_swap(db, (a, b)));
+        s.graces.renumber(|db| across_swap(db, (a, b)));
         s.restored
             .iter_mut()
             .for_each(|(db, _)| *db = across_swap(*db, (a, b)));
@@ -398,10 +445,15 @@ fn next_due(s: &Schedule) -> Option<i64> {
     // millisecond lets the event loop sleep in between, where a timer due at
     // once would keep it spinning, and the server's core busy, until all are out.
     let events = (!s.expired.is_empty()).then(|| now_ms() + 1);
-    match (events, s.expiries.first_due()) {
-        (Some(e), Some(d)) => Some(e.min(d)),
-        (e, d) => e.or(d),
-    }
+    [events, lease_end(s)].into_iter().flatten().min()
+}
+
+/// The first millisecond a lease's end lets a waiter in.
+fn lease_end(s: &Schedule) -> Option<i64> {
+    [s.expiries.first_due(), s.graces.first_due()]
+        .into_iter()
+        .flatten()
+        .min()
 }
 
 /// (Re)arms the Redis timer for the earliest pending work.
@@ -434,7 +486,7 @@ fn arm_not_before(ctx: *mut Ctx, floor: i64) {
     // A lease's end is when a waiter gets the lock: the waker brings the
     // timer forward to the microsecond `due` begins, where Redis's own
     // millisecond clock would fire it up to 2 ms later.
-    if delay > 0 && with(|s| s.expiries.first_due() == Some(due)) {
+    if delay > 0 && with(|s| lease_end(s) == Some(due)) {
         crate::waker::wake_at(due.saturating_mul(1000), on_wake);
     }
 }
@@ -516,11 +568,7 @@ unsafe extern "C" fn on_timer(ctx: *mut Ctx, _data: *mut c_void) {
         if active() {
             run_slice(ctx);
         } else {
-            with(|s| {
-                s.serves.clear();
-                s.expired.clear();
-                s.restored.clear();
-            });
+            with(Schedule::drop_pending);
         }
         arm(ctx);
     })
@@ -539,6 +587,10 @@ fn run_slice(ctx: *mut Ctx) {
         &spent,
         || with(|s| s.expiries.pop_due(now, BATCH)),
         |(at, (db, key))| crate::engine::expire_due(ctx, db, &key, at),
+    ) && drain(
+        &spent,
+        || with(|s| s.graces.pop_due(now, BATCH)),
+        |(_, (db, key))| crate::engine::serve_queue(ctx, db, &key, IfAbsent::Grant),
     ) && drain(
         &spent,
         || {
@@ -589,9 +641,7 @@ fn drain<T>(
 /// the replica applies its master's changes and may be promoted.
 pub fn pause(ctx: *mut Ctx) {
     let old = with(|s| {
-        s.serves.clear();
-        s.expired.clear();
-        s.restored.clear();
+        s.drop_pending();
         s.timer.take()
     });
     if let Some(old) = old {
@@ -632,6 +682,8 @@ mod tests {
         assert!(d.insert(25, 0, b"c"), "an earlier due moves it");
         assert_eq!(d.len(), 4);
         assert_eq!(d.first_due(), Some(10));
+        assert_eq!(d.due(0, b"c"), Some(25));
+        assert_eq!(d.due(1, b"c"), None, "another database's key");
         assert!(d.remove(1, b"a"));
         assert!(!d.remove(1, b"a"), "already gone");
         assert!(!d.remove(0, b"zz"), "never there");

@@ -131,10 +131,15 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
         }
         let ctx = module_context();
         // A hold is valid through its deadline millisecond and Redis 7.0 expires
-        // a key once that millisecond is over; Redis 8.2 may already remove it
-        // during that millisecond (seen: removed at now == deadline). Either way
-        // the lease ended: only a removal before the deadline is a deletion.
-        let expired = lock.latest_deadline.is_some_and(|d| d <= now_ms());
+        // a key once that millisecond is over; Redis 8's active expiry already
+        // removes it during that millisecond. Either way the lease ended (only
+        // a removal before the deadline is a deletion), but in the second case
+        // nobody may have the lock before the millisecond after.
+        let now = now_ms();
+        let expired = lock.latest_deadline.is_some_and(|d| d <= now);
+        if lock.latest_deadline == Some(now) {
+            crate::lease::close_until_after(ctx, db, key, now);
+        }
         if expired {
             // Published at once, as Redis publishes its own `expired` event on
             // its expire path: a deferred report would keep the event loop

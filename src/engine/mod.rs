@@ -217,6 +217,20 @@ impl Opened<'_> {
         self.slot.state()
     }
 
+    /// How the lock admits `owner` now. An absent key whose last lease still
+    /// runs (Redis removed it in its deadline millisecond) admits nobody.
+    fn admit(&mut self, owner: &[u8], mode: Mode, now: i64) -> Admission {
+        let closed = self.closed(now);
+        match self.slot.state().admit(owner, mode) {
+            Admission::Fresh if closed => Admission::Busy,
+            admission => admission,
+        }
+    }
+
+    fn closed(&self, now: i64) -> bool {
+        matches!(self.slot, Slot::Fresh(_)) && crate::lease::closed(self.db, self.name, now)
+    }
+
     /// Ends the holds whose lease is over (a master decides; replicas follow).
     fn expire_overdue(&mut self, now: i64) {
         let expired = self.slot.state().expire(now, &mut self.change.delta);
@@ -242,6 +256,9 @@ impl Opened<'_> {
 
     /// Hands the lock to the waiters it can go to now.
     fn serve(&mut self, now: i64) {
+        if self.closed(now) {
+            return;
+        }
         let served = blocking::serve(
             self.db,
             self.name,
@@ -444,7 +461,7 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
             block,
             keepalive,
         } => {
-            let granted = match state.admit(owner, mode) {
+            let granted = match o.admit(owner, mode, now) {
                 Admission::Upgrade => return Reply::err(err::UPGRADE),
                 Admission::Reentrant => true,
                 // A newcomer never overtakes a queued waiter.

@@ -116,7 +116,7 @@ pub fn acquire_all(
     let queued = blocking::any_queued();
     let grantable = opened
         .iter_mut()
-        .all(|o| match o.state().admit(owner, Mode::Write) {
+        .all(|o| match o.admit(owner, Mode::Write, now) {
             Admission::Reentrant => true,
             // A newcomer never overtakes a queued waiter (a reservation included).
             Admission::Fresh => !queued || blocking::queue_len(o.db, o.name) == 0,
@@ -273,7 +273,7 @@ fn serve_multi(ctx: *mut Ctx, id: u64) {
     };
     let mut ready = opened
         .iter_mut()
-        .all(|o| match o.state().admit(&w.owner, Mode::Write) {
+        .all(|o| match o.admit(&w.owner, Mode::Write, now) {
             // A key its owner holds is granted at once, as `ACQUIRE` grants
             // it: nobody queued there can have it before the owner lets go.
             Admission::Reentrant => true,
