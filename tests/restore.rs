@@ -1990,7 +1990,7 @@ fn warm_up(c: &mut Connection, bases: &[Base]) {
     let _ = call(c, &["PING"]);
     let _ = call(c, &["DBSIZE"]);
     let _: String = cmd("INFO").arg("rlock").query(c).unwrap();
-    let _ = used_memory(c);
+    let _ = dataset_bytes(c);
 }
 
 /// Settles the server: no keys, nothing scheduled, no lock values alive.
@@ -2059,7 +2059,7 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
     }
     check_vanished(&mut c, &mut vanish);
     assert_clean(&mut c, "after warm-up");
-    let baseline = used_memory(&mut c);
+    let baseline = dataset_bytes(&mut c);
 
     for (i, case) in cases.iter().enumerate().skip(warm) {
         let t = run_case(
@@ -2083,11 +2083,11 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
     }
     check_vanished(&mut c, &mut vanish);
     assert_clean(&mut c, "after the corpus");
-    let after = used_memory(&mut c);
+    let after = dataset_bytes(&mut c);
     eprintln!(
         "restore: {} payloads tried, {} refused, {} restored ({} with every lease ended, \
          {} released by their owners, {} force-released), {} undecided by the model; \
-         used_memory {baseline} -> {after}; {:?}",
+         dataset.bytes {baseline} -> {after}; {:?}",
         tally.tried,
         tally.refused,
         tally.restored,
@@ -2122,7 +2122,7 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
     }
     assert!(
         after - baseline < 64 * 1024,
-        "used_memory grew from {baseline} to {after}"
+        "dataset.bytes grew from {baseline} to {after}"
     );
 
     // Tokens are not poisoned: a fresh grant is above everything seen, below

@@ -568,6 +568,19 @@ pub fn used_memory(c: &mut Connection) -> i64 {
         .unwrap()
 }
 
+/// `dataset.bytes` from MEMORY STATS: what the keyspace and the module hold
+/// (the module allocates through Redis), without the server's overheads. Unlike
+/// `used_memory` it leaves out client buffers: a connection that sent a large
+/// payload keeps its grown query buffer until Redis's cron trims it, which a
+/// leak check must not count.
+pub fn dataset_bytes(c: &mut Connection) -> i64 {
+    let stats = parse_info(call(c, &["MEMORY", "STATS"]).unwrap()).unwrap();
+    match field(&stats, "dataset.bytes") {
+        Value::Int(n) => n,
+        other => panic!("dataset.bytes: {other:?}"),
+    }
+}
+
 pub fn field(info: &[(String, Value)], name: &str) -> Value {
     info.iter()
         .find(|(k, _)| k == name)
