@@ -562,11 +562,15 @@ fn main() {
         progress(&format!(
             "(g) persistence at scale: {n} locks vs SET PX keys"
         ));
-        for lock in [storm::NATIVE, FLOOR, PLAIN_FLOOR] {
-            let x = persist::run(&env, lock, n, env.cfg.storm_waiters);
+        for x in persist::run(
+            &env,
+            &[storm::NATIVE, FLOOR, PLAIN_FLOOR],
+            n,
+            env.cfg.storm_waiters,
+        ) {
             progress(&format!(
                 "  {:<44} RDB {:.0} B/key in {:.0} ms, AOF {:.0} B/key in {:.0} ms, REPLICAOF NO ONE {:.1} ms, stall {:.1} ms (quiet {:.1}), FLUSHALL {:.0} ms, stall {:.1} ms",
-                lock.label(),
+                x.lock.label(),
                 x.rdb_bytes as f64 / n as f64,
                 x.save_ms,
                 x.aof_bytes as f64 / n as f64,

@@ -20,9 +20,12 @@ pub struct Persist {
     pub lock: Lock,
     pub n: usize,
     pub rdb_bytes: u64,
+    /// Medians of the rounds, and the rounds.
     pub save_ms: f64,
+    pub save_rounds: Vec<f64>,
     pub aof_bytes: u64,
     pub rewrite_ms: f64,
+    pub rewrite_rounds: Vec<f64>,
     /// After `DEBUG RELOAD` replied: until `rlock_locks` is back to N
     /// (native; the SET keys need nothing), and the worst PING meanwhile.
     pub rebuild_ms: f64,
@@ -36,11 +39,14 @@ pub struct Persist {
     /// Worst PING on the replica in the 300 ms before the command (noise).
     pub promote_quiet: Stall,
     pub flush_ms: f64,
-    /// Waiters parked on lock keys during `FLUSHALL`, and how many were told
-    /// TRYAGAIN; the worst PING from `FLUSHALL` until the last was told.
+    pub flush_rounds: Vec<f64>,
+    /// Waiters parked on lock keys during the `FLUSHALL`s (all rounds), and
+    /// how many were told TRYAGAIN; the worst PING from `FLUSHALL` until the
+    /// last was told: the median round's, and each round's.
     pub flush_waiters: usize,
     pub flush_told_retry: usize,
     pub flush_stall: Stall,
+    pub flush_stall_rounds: Vec<f64>,
 }
 
 /// One round of one side's load times, on a fresh server.
@@ -57,17 +63,13 @@ pub struct Loads {
     pub aof_load_ms: f64,
 }
 
-/// Rounds of `SAVE` and of the AOF rewrite (on one server: they leave the
-/// keyspace as it was), and of the load times (`loads`, a fresh server each);
-/// the median is reported. One round of a second-long operation varies by
+/// Rounds of `SAVE`, of the AOF rewrite and of `FLUSHALL` (on the same
+/// servers: the first two leave the keyspace as it was, the flushed keys are
+/// reloaded), and of the load times (`loads`, a fresh server each); the
+/// median is reported. One round of a second-long operation varies by
 /// a third from run to run on a shared machine (seen: `SAVE` of the same `SET
 /// PX` keys 681 ms in one full run, 953 ms in the one before).
 pub const ROUNDS: usize = 3;
-
-fn median_of_rounds(mut round: impl FnMut() -> f64) -> f64 {
-    let times: Vec<f64> = (0..ROUNDS).map(|_| round()).collect();
-    median(&times)
-}
 
 fn debug_reload(c: &mut crate::resp::Conn) -> f64 {
     let t = Instant::now();
@@ -168,54 +170,174 @@ fn time_until(what: &str, mut f: impl FnMut() -> bool) -> Instant {
     Instant::now()
 }
 
-/// `waiters`: clients parked on as many lock keys before `FLUSHALL`
+/// Section (g) but the load times, for every side in `locks` (the first
+/// native): all their servers are alive together, so that each timed operation
+/// (`SAVE`, the AOF rewrite, `FLUSHALL`) runs in rounds in which the sides take
+/// turns, and the machine's drift over the minutes of a run falls on all of
+/// them. Measured one side after the other, `SAVE` of the same `SET PX` keys
+/// took 2,061 ms on one server and 1,705 ms on the next (1.21x for identical
+/// work), which swung the ratios across their targets.
+/// `waiters`: clients parked on as many lock keys before each `FLUSHALL`
 /// (native only).
-pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
-    let module = lock.with_module().then_some(env.module.as_path());
-    let srv = server_with_keys(env, lock, n);
-    let leases = leases(lock, n);
-    let waiters = if leases > 0 { waiters.min(n) } else { 0 };
-    let schedule = |s: &Server| held(s, lock);
-    let mut c = srv.conn();
+pub fn run(env: &Env, locks: &[Lock], n: usize, waiters: usize) -> Vec<Persist> {
+    let servers: Vec<Server> = locks
+        .iter()
+        .map(|&lock| server_with_keys(env, lock, n))
+        .collect();
 
-    let save_ms = median_of_rounds(|| {
+    let save = in_turns(&servers, |srv| {
+        let mut c = srv.conn();
         let t = Instant::now();
         ok(cmd!(c; "SAVE").expect("SAVE"), "SAVE");
         ms_since(t)
     });
-    let rdb_bytes = files_size(srv.dir(), "dump.rdb");
+    let rdb_bytes: Vec<u64> = servers
+        .iter()
+        .map(|srv| files_size(srv.dir(), "dump.rdb"))
+        .collect();
 
     // AOF rewrite as plain commands (no RDB preamble, which would make it the
     // RDB again); serverCron notices the finished child, so hz 100 for 10 ms
     // granularity during the rewrite.
-    config_set(&mut c, "aof-use-rdb-preamble", "no");
-    config_set(&mut c, "hz", "100");
-    let rewrite_ms = median_of_rounds(|| {
-        let t = Instant::now();
-        config_set(&mut c, "appendonly", "yes");
-        let done = time_until("the AOF rewrite", || rewrite_finished(&srv));
-        assert_rewrite_ok(&srv);
-        config_set(&mut c, "appendonly", "no");
-        done.duration_since(t).as_secs_f64() * 1000.0
-    });
-    let aof_bytes = files_size(&srv.dir().join("appendonlydir"), ".base.aof");
-    config_set(&mut c, "hz", "10");
+    for srv in &servers {
+        let mut c = srv.conn();
+        config_set(&mut c, "aof-use-rdb-preamble", "no");
+        config_set(&mut c, "hz", "100");
+    }
+    let rewrite = in_turns(&servers, rewrite_once);
+    let aof_bytes: Vec<u64> = servers
+        .iter()
+        .map(|srv| files_size(&srv.dir().join("appendonlydir"), ".base.aof"))
+        .collect();
+    for srv in &servers {
+        config_set(&mut srv.conn(), "hz", "10");
+    }
 
-    // Timed in `loads`; here, what the module does after it.
-    debug_reload(&mut c);
+    // Stalls, not times compared side by side: one side after the other.
+    let after: Vec<(Reload, Promotion)> = locks
+        .iter()
+        .zip(&servers)
+        .map(|(&lock, srv)| (reload(srv, lock, n), promote(env, srv, lock, n)))
+        .collect();
+
+    // Each round's flush empties the server; the next round's keys come back
+    // from the `dump.rdb` the reload above saved (`DEBUG RELOAD NOSAVE`), so
+    // every round flushes values laid out by a load, as the first did.
+    let flush = in_turns_with(&servers, |srv, side, round| {
+        if round > 0 {
+            reload_nosave(srv, locks[side], n);
+        }
+        flush_once(env, srv, locks[side], n, waiters)
+    });
+
+    locks
+        .iter()
+        .enumerate()
+        .map(|(i, &lock)| {
+            let (reload, promotion) = after[i];
+            let flushes = &flush[i];
+            let flush_ms: Vec<f64> = flushes.iter().map(|f| f.ms).collect();
+            // The round whose worst PING is the median one.
+            let mut by_stall: Vec<&Flush> = flushes.iter().collect();
+            by_stall.sort_by(|a, b| a.stall.worst_ms.total_cmp(&b.stall.worst_ms));
+            Persist {
+                lock,
+                n,
+                rdb_bytes: rdb_bytes[i],
+                save_ms: median(&save[i]),
+                save_rounds: save[i].clone(),
+                aof_bytes: aof_bytes[i],
+                rewrite_ms: median(&rewrite[i]),
+                rewrite_rounds: rewrite[i].clone(),
+                rebuild_ms: reload.ms,
+                rebuild_stall: reload.stall,
+                promote_ms: promotion.ms,
+                promote_rebuild_ms: promotion.rebuild_ms,
+                promote_stall: promotion.stall,
+                promote_quiet: promotion.quiet,
+                flush_ms: median(&flush_ms),
+                flush_rounds: flush_ms,
+                flush_waiters: flushes.iter().map(|f| f.waiters).sum(),
+                flush_told_retry: flushes.iter().map(|f| f.told_retry).sum(),
+                flush_stall: by_stall[by_stall.len() / 2].stall,
+                flush_stall_rounds: flushes.iter().map(|f| f.stall.worst_ms).collect(),
+            }
+        })
+        .collect()
+}
+
+/// `ROUNDS` of `f` on every server, the servers taking turns within each
+/// round: per server, its rounds' results.
+fn in_turns<R>(servers: &[Server], mut f: impl FnMut(&Server) -> R) -> Vec<Vec<R>> {
+    in_turns_with(servers, |srv, _, _| f(srv))
+}
+
+/// As `in_turns`, `f` also told the server's index and the round (from 0).
+fn in_turns_with<R>(
+    servers: &[Server],
+    mut f: impl FnMut(&Server, usize, usize) -> R,
+) -> Vec<Vec<R>> {
+    let mut out: Vec<Vec<R>> = servers.iter().map(|_| Vec::new()).collect();
+    for round in 0..ROUNDS {
+        for (side, srv) in servers.iter().enumerate() {
+            out[side].push(f(srv, side, round));
+        }
+    }
+    out
+}
+
+/// One AOF rewrite, from `CONFIG SET appendonly yes` until Redis shows it
+/// finished; AOF off again after it.
+fn rewrite_once(srv: &Server) -> f64 {
+    let mut c = srv.conn();
+    let t = Instant::now();
+    config_set(&mut c, "appendonly", "yes");
+    let done = time_until("the AOF rewrite", || rewrite_finished(srv));
+    assert_rewrite_ok(srv);
+    config_set(&mut c, "appendonly", "no");
+    done.duration_since(t).as_secs_f64() * 1000.0
+}
+
+#[derive(Clone, Copy)]
+struct Reload {
+    ms: f64,
+    stall: Stall,
+}
+
+/// `DEBUG RELOAD` (timed in `loads`); here, until the module holds every
+/// lock again, and the worst PING meanwhile.
+fn reload(srv: &Server, lock: Lock, n: usize) -> Reload {
+    debug_reload(&mut srv.conn());
     let pinger = Pinger::start(srv.port);
     let t = Instant::now();
     let rebuilt = time_until("the schedule after DEBUG RELOAD", || {
-        schedule(&srv) == leases
+        held(srv, lock) == leases(lock, n)
     });
     std::thread::sleep(Duration::from_millis(100));
-    let rebuild_stall = pinger
+    let stall = pinger
         .stop()
         .window(t, rebuilt + Duration::from_millis(100));
-    let rebuild_ms = rebuilt.duration_since(t).as_secs_f64() * 1000.0;
+    Reload {
+        ms: rebuilt.duration_since(t).as_secs_f64() * 1000.0,
+        stall,
+    }
+}
 
+#[derive(Clone, Copy)]
+struct Promotion {
+    ms: f64,
+    rebuild_ms: f64,
+    stall: Stall,
+    quiet: Stall,
+}
+
+/// A replica of `srv` (with the module if `srv` has it), synced, then
+/// `REPLICAOF NO ONE` on it with a PING loop on the replica.
+fn promote(env: &Env, srv: &Server, lock: Lock, n: usize) -> Promotion {
+    let module = lock.with_module().then_some(env.module.as_path());
     let replica = srv.start_replica(module);
-    assert_eq!(schedule(&replica), leases, "the replica holds every lock");
+    let leases = leases(lock, n);
+    assert_eq!(held(&replica, lock), leases, "the replica holds every lock");
     let pinger = Pinger::start(replica.port);
     std::thread::sleep(Duration::from_millis(400));
     let mut rc = replica.conn();
@@ -224,21 +346,48 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
         cmd!(rc; "REPLICAOF", "NO", "ONE").expect("REPLICAOF"),
         "REPLICAOF NO ONE",
     );
-    let promote_ms = ms_since(t);
+    let ms = ms_since(t);
     let rebuilt = time_until("the schedule after promotion", || {
-        schedule(&replica) == leases
+        held(&replica, lock) == leases
     });
     std::thread::sleep(Duration::from_millis(100));
     let log = pinger.stop();
-    let promote_stall = log.window(t, rebuilt + Duration::from_millis(100));
-    let promote_quiet = log.within(t - Duration::from_millis(300), t);
-    let promote_rebuild_ms = rebuilt.duration_since(t).as_secs_f64() * 1000.0;
-    drop(rc);
-    drop(replica);
+    Promotion {
+        ms,
+        rebuild_ms: rebuilt.duration_since(t).as_secs_f64() * 1000.0,
+        stall: log.window(t, rebuilt + Duration::from_millis(100)),
+        quiet: log.within(t - Duration::from_millis(300), t),
+    }
+}
 
-    // FLUSHALL with waiters parked on some of the lock keys (they are told
-    // TRYAGAIN): its round trip, and the worst PING until the last waiter's
-    // reply was read.
+/// The N keys back from the server's `dump.rdb`, after a flush.
+fn reload_nosave(srv: &Server, lock: Lock, n: usize) {
+    let mut c = srv.conn();
+    ok(
+        cmd!(c; "DEBUG", "RELOAD", "NOSAVE").expect("DEBUG RELOAD NOSAVE"),
+        "DEBUG RELOAD NOSAVE",
+    );
+    let keys = cmd!(c; "DBSIZE").expect("DBSIZE");
+    assert_eq!(keys.int(), Some(n as i64), "keys after DEBUG RELOAD NOSAVE");
+    assert_eq!(held(srv, lock), leases(lock, n), "locks after the reload");
+}
+
+struct Flush {
+    ms: f64,
+    waiters: usize,
+    told_retry: usize,
+    stall: Stall,
+}
+
+/// `FLUSHALL SYNC` with `waiters` clients parked on as many lock keys (they
+/// are told TRYAGAIN): its round trip, and the worst PING until the last
+/// waiter's reply was read.
+fn flush_once(env: &Env, srv: &Server, lock: Lock, n: usize, waiters: usize) -> Flush {
+    let waiters = if leases(lock, n) > 0 {
+        waiters.min(n)
+    } else {
+        0
+    };
     let mut parked = park_clients(srv.port, waiters, |w, i| {
         lock.queue_acquire(
             w,
@@ -251,14 +400,15 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
     });
     if waiters > 0 {
         wait_until("the waiters", Duration::from_secs(60), || {
-            native_waiting(&srv) == waiters as i64
+            native_waiting(srv) == waiters as i64
         });
     }
+    let mut c = srv.conn();
     let pinger = Pinger::start(srv.port);
     std::thread::sleep(Duration::from_millis(100));
     let t = Instant::now();
     ok(cmd!(c; "FLUSHALL", "SYNC").expect("FLUSHALL"), "FLUSHALL");
-    let flush_ms = ms_since(t);
+    let ms = ms_since(t);
     let replies = collect_replies(&mut parked, Duration::from_secs(60));
     let told_retry = replies
         .iter()
@@ -268,30 +418,18 @@ pub fn run(env: &Env, lock: Lock, n: usize, waiters: usize) -> Persist {
     let last = replies.iter().flatten().map(|(t, _)| *t).max();
     let end = last
         .unwrap_or(t)
-        .max(t + Duration::from_secs_f64(flush_ms / 1000.0));
+        .max(t + Duration::from_secs_f64(ms / 1000.0));
     std::thread::sleep(Duration::from_millis(50));
-    let flush_stall = pinger.stop().window(t, end);
+    let stall = pinger.stop().window(t, end);
     drop(parked);
     wait_until("an empty schedule", Duration::from_secs(60), || {
-        schedule(&srv) == 0
+        held(srv, lock) == 0
     });
-    Persist {
-        lock,
-        n,
-        rdb_bytes,
-        save_ms,
-        aof_bytes,
-        rewrite_ms,
-        rebuild_ms,
-        rebuild_stall,
-        promote_ms,
-        promote_rebuild_ms,
-        promote_stall,
-        promote_quiet,
-        flush_ms,
-        flush_waiters: waiters,
-        flush_told_retry: told_retry,
-        flush_stall,
+    Flush {
+        ms,
+        waiters,
+        told_retry,
+        stall,
     }
 }
 
