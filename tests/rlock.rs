@@ -274,7 +274,10 @@ fn waiter_is_served_within_a_few_ms_of_the_lease_deadline() {
 /// alone fire 0-2 ms after that millisecond begins; the module wakes the
 /// event loop at its first microsecond, so nearly every grant lands in it
 /// (not all: a turn of the event loop may be busy right then, and other
-/// suites' servers share the machine); with the timers alone about 60% do.
+/// suites' servers share the machine); with the timers alone about 55% do
+/// (21-22 of 40). Seen with the waker: 39-40 of 40 on a quiet machine, 33 of
+/// 40 in a CI run with other suites' servers busy; the bound (70%) sits
+/// between that and the timers alone.
 #[test]
 fn a_lease_end_hands_over_in_its_first_allowed_millisecond() {
     const TRIALS: usize = 40;
@@ -310,7 +313,7 @@ fn a_lease_end_hands_over_in_its_first_allowed_millisecond() {
     }
     eprintln!("{first} of {TRIALS} grants in the first allowed millisecond");
     assert!(
-        first >= TRIALS * 85 / 100,
+        first >= TRIALS * 70 / 100,
         "{first} of {TRIALS} grants in the first allowed millisecond"
     );
 }
