@@ -123,14 +123,6 @@ fn assert_rewrite_ok(srv: &Server) {
     );
 }
 
-/// Lock values the module holds and serves (0 for a server that holds no
-/// locks). Since issue 13 there is no schedule to rebuild after a load or a
-/// promotion (a single-holder lock ends through its key's TTL), so the module
-/// is ready as soon as its locks are loaded: this is what "rebuilt" waits for.
-fn schedule(srv: &Server) -> i64 {
-    srv.info_i64("rlock", "rlock_locks")
-}
-
 /// A fresh server holding the N keys of `lock` (the floor also on a server
 /// without the module, `PlainFloor`: Redis's own cost).
 fn server_with_keys(env: &Env, lock: Lock, n: usize) -> Server {
@@ -151,10 +143,13 @@ fn leases(lock: Lock, n: usize) -> i64 {
     }
 }
 
-/// The locks the module on `srv` holds (0 on a server without it).
+/// Lock values the module on `srv` holds and serves (0 on a server without
+/// it). Since issue 13 there is no schedule to rebuild after a load or a
+/// promotion (a single-holder lock ends through its key's TTL), so the module
+/// is ready as soon as its locks are loaded: this is what "rebuilt" waits for.
 fn held(srv: &Server, lock: Lock) -> i64 {
     if lock.with_module() {
-        schedule(srv)
+        srv.info_i64("rlock", "rlock_locks")
     } else {
         0
     }
@@ -170,8 +165,7 @@ fn time_until(what: &str, mut f: impl FnMut() -> bool) -> Instant {
     Instant::now()
 }
 
-/// Section (g) but the load times, for every side in `locks` (the first
-/// native): all their servers are alive together, so that each timed operation
+/// Section (g) but the load times, for every side in `locks`: all their servers are alive together, so that each timed operation
 /// (`SAVE`, the AOF rewrite, `FLUSHALL`) runs in rounds in which the sides take
 /// turns, and the machine's drift over the minutes of a run falls on all of
 /// them. Measured one side after the other, `SAVE` of the same `SET PX` keys
