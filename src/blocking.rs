@@ -43,6 +43,7 @@ use redis_module::raw::{self, RedisModuleBlockedClient};
 use crate::ffi::{api, bytes, now_ms, send, Ctx, OwnedStr, RStr, Reply, OK};
 use crate::lock::{Ahead, Delta, Kind, LockState, Mode, Owner, Served, WaitQueue, Waiter};
 use crate::stats;
+use crate::timer::{self, Armed};
 
 enum Status {
     Waiting,
@@ -113,8 +114,6 @@ impl OwnerParked {
 
 /// How often withheld hand-overs re-check whether the master accepts writes.
 const RETRY_MS: i64 = 50;
-/// Longest single wait of the timer (a BLOCK of days re-arms hourly).
-const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
 
 #[derive(Default)]
 struct Registry {
@@ -134,8 +133,8 @@ struct Registry {
     /// Multi-key waiters first in the queue of a key that could be theirs:
     /// the engine tries to grant them all their keys (`take_multi_ready`).
     multi_ready: Vec<u64>,
-    /// The armed timer and the unix ms it fires at.
-    timer: Option<(raw::RedisModuleTimerID, i64)>,
+    /// The armed timer (a BLOCK of days re-arms hourly).
+    timer: Option<Armed>,
 }
 
 impl Registry {
@@ -691,20 +690,11 @@ fn next_due(r: &Registry) -> Option<i64> {
 fn arm(ctx: *mut Ctx) {
     let stale = with(|r| {
         let due = next_due(r)?;
-        match r.timer {
-            Some((_, at)) if at <= due => None,
-            _ => Some((r.timer.take(), due)),
-        }
+        timer::take_for(&mut r.timer, due).map(|old| (old, due))
     });
     let Some((old, due)) = stale else { return };
-    unsafe {
-        if let Some((id, _)) = old {
-            api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut());
-        }
-        let delay = due.saturating_sub(now_ms()).clamp(0, MAX_TIMER_DELAY_MS);
-        let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
-        with(|r| r.timer = Some((id, due)));
-    }
+    let armed = timer::arm(ctx, old, due, on_timer);
+    with(|r| r.timer = Some(armed));
 }
 
 /// Ends the waits whose BLOCK time ran out, and retries withheld hand-overs

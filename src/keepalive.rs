@@ -18,9 +18,8 @@ use std::os::raw::c_void;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use redis_module::raw;
-
-use crate::ffi::{api, now_ms, Ctx, OwnedStr};
+use crate::ffi::{now_ms, Ctx, OwnedStr};
+use crate::timer::{self, Armed};
 
 /// (db, key, token): one owner's tenure on one key.
 type Holding = (i32, Vec<u8>, u64);
@@ -49,7 +48,7 @@ struct Registry {
     /// Holdings whose connection closed, to end on the next tick (after a
     /// pause of writes, once it is over).
     closed: Vec<Binding>,
-    timer: Option<(raw::RedisModuleTimerID, i64)>,
+    timer: Option<Armed>,
 }
 
 impl Registry {
@@ -258,20 +257,11 @@ fn arm_not_before(ctx: *mut Ctx, floor: i64) {
         let closed = (!r.closed.is_empty()).then(now_ms);
         let renewal = r.due.first().map(|d| d.0);
         let due = closed.into_iter().chain(renewal).min()?.max(floor);
-        match r.timer {
-            Some((_, at)) if at <= due => None,
-            _ => Some((r.timer.take(), due)),
-        }
+        timer::take_for(&mut r.timer, due).map(|old| (old, due))
     });
     let Some((old, due)) = stale else { return };
-    unsafe {
-        if let Some((id, _)) = old {
-            api!(RedisModule_StopTimer)(ctx, id, std::ptr::null_mut());
-        }
-        let delay = due.saturating_sub(now_ms()).max(0);
-        let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
-        with(|r| r.timer = Some((id, due)));
-    }
+    let armed = timer::arm(ctx, old, due, on_timer);
+    with(|r| r.timer = Some(armed));
 }
 
 /// One renewal the timer makes, taken out of the registry: the engine may

@@ -36,6 +36,7 @@ use redis_module::raw;
 
 use crate::ffi::{api, now_ms, Ctx, OwnedStr};
 use crate::lock::{Kind, LockState};
+use crate::timer::{self, Armed};
 
 /// A key name with its database.
 type DbKey = (i32, Box<[u8]>);
@@ -156,9 +157,6 @@ impl Deadlines {
     }
 }
 
-/// Longest single wait of the Redis timer (one hour).
-const MAX_TIMER_DELAY_MS: i64 = 3_600_000;
-
 #[derive(Default)]
 struct Schedule {
     expiries: Deadlines,
@@ -185,15 +183,6 @@ impl Schedule {
         self.restored.clear();
         self.graces = Deadlines::default();
     }
-}
-
-/// The Redis timer as armed.
-struct Armed {
-    id: raw::RedisModuleTimerID,
-    /// The millisecond of the work it is for.
-    due: i64,
-    /// The microsecond Redis was asked to fire it at.
-    fires_at_us: i64,
 }
 
 thread_local! {
@@ -469,43 +458,16 @@ fn arm_not_before(ctx: *mut Ctx, floor: i64) {
     }
     let stale = with(|s| {
         let due = next_due(s)?.max(floor);
-        match s.timer {
-            Some(Armed { due: at, .. }) if at <= due => None,
-            _ => Some((s.timer.take(), due)),
-        }
+        timer::take_for(&mut s.timer, due).map(|old| (old, due))
     });
     let Some((old, due)) = stale else { return };
-    // Redis turns the delay into microseconds on its own clock: a lease
-    // decades long would overflow it and fire at once, forever. A capped
-    // timer that fires early finds nothing due and re-arms. The delay is
-    // rounded up from microseconds, so the timer never fires before `due`.
-    let now_us = crate::ffi::micros();
-    let ahead_us = due.saturating_mul(1000).saturating_sub(now_us);
-    let delay = ((ahead_us + 999) / 1000).clamp(0, MAX_TIMER_DELAY_MS);
-    replace_timer(ctx, old, due, now_us, delay);
+    let armed = timer::arm(ctx, old, due, on_timer);
+    with(|s| s.timer = Some(armed));
     // A lease's end is when a waiter gets the lock: the waker brings the
     // timer forward to the microsecond `due` begins, where Redis's own
     // millisecond clock would fire it up to 2 ms later.
-    if delay > 0 && with(|s| lease_end(s) == Some(due)) {
+    if armed.delay_ms > 0 && with(|s| lease_end(s) == Some(due)) {
         crate::waker::wake_at(due.saturating_mul(1000), on_wake);
-    }
-}
-
-/// Stops `old` and arms the Redis timer `delay` ms from `now_us` for the work
-/// due at the millisecond `due`.
-fn replace_timer(ctx: *mut Ctx, old: Option<Armed>, due: i64, now_us: i64, delay: i64) {
-    unsafe {
-        if let Some(old) = old {
-            api!(RedisModule_StopTimer)(ctx, old.id, std::ptr::null_mut());
-        }
-        let id = api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), std::ptr::null_mut());
-        with(|s| {
-            s.timer = Some(Armed {
-                id,
-                due,
-                fires_at_us: now_us + delay * 1000,
-            })
-        });
     }
 }
 
@@ -524,8 +486,9 @@ unsafe extern "C" fn on_wake(_data: *mut c_void) {
             _ => None,
         });
         if let Some(old) = pending {
-            let due = old.due;
-            replace_timer(crate::ffi::module_context(), Some(old), due, now_us, 0);
+            let ctx = crate::ffi::module_context();
+            let armed = timer::arm(ctx, Some(old), old.due, on_timer);
+            with(|s| s.timer = Some(armed));
         }
     })
 }
@@ -644,9 +607,7 @@ pub fn pause(ctx: *mut Ctx) {
         s.drop_pending();
         s.timer.take()
     });
-    if let Some(old) = old {
-        unsafe { api!(RedisModule_StopTimer)(ctx, old.id, std::ptr::null_mut()) };
-    }
+    timer::stop(ctx, old);
 }
 
 /// Loading ended or this server was promoted: act on the schedule from now on

@@ -23,6 +23,7 @@ mod notify;
 mod role;
 mod stats;
 mod store;
+mod timer;
 mod token;
 mod waker;
 

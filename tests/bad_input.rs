@@ -1,7 +1,8 @@
 //! Malformed input, generated: a seeded xorshift PRNG builds well over 10,000
 //! argument vectors for every command (RLOCK/FAIRLOCK/RWLOCK x ACQUIRE/RELEASE/
 //! RENEW/FORCERELEASE/INFO, and the internal RLOCK.SETSTATE) and sends them over
-//! a raw RESP connection, so every reply is seen byte for byte.
+//! a raw RESP connection, so every reply is seen byte for byte. Acquisitions
+//! carry `PX`/`EX`, `BLOCK` and `KEEPALIVE` in any order, case and number.
 //!
 //! A small model of the SPEC's argument rules says, for each vector, whether it
 //! must be rejected (`Reject`), must get past argument checking (`Accept`; the
@@ -258,21 +259,33 @@ fn duration_class(ms: i128) -> Expect {
 struct Parsed {
     expect: Expect,
     lease_ms: Option<i128>,
+    /// An acquisition the server renews while this connection is open.
+    keepalive: bool,
 }
 
-/// `[PX ms | EX s] [BLOCK ms]`, each at most once, any order and case.
-fn model_options(args: &[Vec<u8>], allow_block: bool) -> Parsed {
+/// `[PX ms | EX s]`, for an acquisition also `[BLOCK ms] [KEEPALIVE]`, each
+/// at most once, any order and case.
+fn model_options(args: &[Vec<u8>], acquire: bool) -> Parsed {
     let mut out = Parsed {
         expect: Expect::Accept,
         lease_ms: None,
+        keepalive: false,
     };
-    if args.len() % 2 == 1 {
-        out.expect = Expect::Reject;
-        return out;
-    }
     let (mut seen_lease, mut seen_block) = (false, false);
-    for pair in args.chunks(2) {
-        let (name, value) = (&pair[0], &pair[1]);
+    let mut words = args.iter();
+    while let Some(name) = words.next() {
+        if acquire && name.eq_ignore_ascii_case(b"KEEPALIVE") {
+            if out.keepalive {
+                out.expect = Expect::Reject;
+                return out;
+            }
+            out.keepalive = true;
+            continue;
+        }
+        let Some(value) = words.next() else {
+            out.expect = Expect::Reject;
+            return out;
+        };
         let px = name.eq_ignore_ascii_case(b"PX");
         let ex = name.eq_ignore_ascii_case(b"EX");
         if px || ex {
@@ -290,7 +303,7 @@ fn model_options(args: &[Vec<u8>], allow_block: bool) -> Parsed {
                 _ => Expect::Reject,
             };
             out.expect = worst(out.expect, class);
-        } else if allow_block && name.eq_ignore_ascii_case(b"BLOCK") {
+        } else if acquire && name.eq_ignore_ascii_case(b"BLOCK") {
             if seen_block {
                 out.expect = Expect::Reject;
                 return out;
@@ -319,6 +332,7 @@ fn model(family: &str, op: &str, argv: &[Vec<u8>]) -> Parsed {
     let reject = Parsed {
         expect: Expect::Reject,
         lease_ms: None,
+        keepalive: false,
     };
     let rw = family == "RWLOCK";
     match op {
@@ -330,6 +344,7 @@ fn model(family: &str, op: &str, argv: &[Vec<u8>]) -> Parsed {
                 Expect::Reject
             },
             lease_ms: None,
+            keepalive: false,
         },
         "ACQUIRE" | "RELEASE" | "RENEW" => {
             let with_mode = rw && op != "RENEW";
@@ -396,6 +411,11 @@ impl Pools {
             "9223372036854",
             "4611686018427387",
             "18446744073709552",
+            // Redis arms a timer at now + delay * 1000 us: these wrap it
+            // (alone, or as a third of a lease, a KEEPALIVE's renewal).
+            "18446744073709551",
+            "55340232221128653",
+            "55340232221128656",
             "00",
             "01",
             "007",
@@ -547,7 +567,7 @@ impl Pools {
             3 => self.owner(rng),
             4 => self.key(rng),
             _ => {
-                let word = rng_word(rng, &["PX", "EX", "BLOCK", "READ", "WRITE"]);
+                let word = rng_word(rng, &["PX", "EX", "BLOCK", "KEEPALIVE", "READ", "WRITE"]);
                 mangle_case(rng, word)
             }
         }
@@ -578,7 +598,15 @@ impl Pools {
             let value = match name {
                 "PX" if sane => b(rng_word(
                     rng,
-                    &["60000", "3600000", "1000", "1", "86400000"],
+                    &[
+                        "60000",
+                        "3600000",
+                        "1000",
+                        "1",
+                        "86400000",
+                        // A third of it wraps Redis's timer clock.
+                        "55340232221128653",
+                    ],
                 )),
                 "EX" if sane => b(rng_word(rng, &["60", "3600", "1", "86400"])),
                 "BLOCK" if sane => b(rng_word(rng, &["1", "2", "5", "10", "20"])),
@@ -587,6 +615,15 @@ impl Pools {
             out.push(name_bytes);
             if i + 1 < n || !rng.chance(8) {
                 out.push(value);
+            }
+        }
+        if allow_block && rng.chance(25) {
+            let word = rng_word(rng, &["KEEPALIVE", "KEEPALIVE", "KEEPALIVES", "KEEP"]);
+            out.insert(rng.below(out.len() + 1), mangle_case(rng, word));
+            if rng.chance(25) {
+                // A lease a third of which wraps Redis's timer clock.
+                out.push(mangle_case(rng, "PX"));
+                out.push(b("55340232221128653"));
             }
         }
         out
@@ -738,6 +775,8 @@ struct Fuzz {
     recent: VecDeque<String>,
     /// Reply classes seen ("ERR", "NOTOWNER", "int", "nil", ...), for the summary.
     outcomes: BTreeMap<String, usize>,
+    /// KEEPALIVE acquisitions granted.
+    keepalive_grants: usize,
 }
 
 impl Fuzz {
@@ -862,7 +901,12 @@ impl Fuzz {
                 // A lock left holding a 1 MiB owner or key would make every
                 // later DEBUG DIGEST hash it: release those at once too.
                 let huge = argv.iter().any(|a| a.len() > 64 << 10);
-                if granted && (lease < SHORT_LEASE_MS || huge) {
+                // The server renews a KEEPALIVE holding on its own, which
+                // would change DEBUG DIGEST between two calls: end it at once.
+                if granted && parsed.keepalive {
+                    self.keepalive_grants += 1;
+                }
+                if granted && (lease < SHORT_LEASE_MS || huge || parsed.keepalive) {
                     self.force(family, &argv[1]);
                 }
             }
@@ -904,6 +948,7 @@ fn random_malformed_vectors_are_refused_without_side_effects() {
         raw: Raw::connect(server.port),
         recent: VecDeque::new(),
         outcomes: BTreeMap::new(),
+        keepalive_grants: 0,
     };
     let (mut rejected, mut accepted, mut per_op) = (0usize, 0usize, [0usize; 16]);
     for _ in 0..VECTORS {
@@ -919,9 +964,15 @@ fn random_malformed_vectors_are_refused_without_side_effects() {
         fuzz.run_one(family, op, &argv);
     }
     eprintln!(
-        "bad_input: seed {seed}: {VECTORS} vectors ({rejected} malformed, {accepted} well-formed) in {:?}; per command {per_op:?}; replies {:?}",
+        "bad_input: seed {seed}: {VECTORS} vectors ({rejected} malformed, {accepted} well-formed) in {:?}; per command {per_op:?}; replies {:?}; KEEPALIVE granted {}",
         started.elapsed(),
-        fuzz.outcomes
+        fuzz.outcomes,
+        fuzz.keepalive_grants
+    );
+    assert!(
+        fuzz.keepalive_grants >= 20,
+        "too few KEEPALIVE grants to be a useful run: {}",
+        fuzz.keepalive_grants
     );
     for class in ["ERR", "WRONGTYPE", "NOTOWNER", "integer", "nil"] {
         assert!(

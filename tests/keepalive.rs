@@ -368,3 +368,66 @@ fn a_connection_parked_in_another_database_closes_cleanly() {
     let _: () = cmd("SELECT").arg(1).query(&mut c).unwrap();
     assert_eq!(int(&mut c, &["RLOCK.RELEASE", "k2", "h"]), 0);
 }
+
+/// Redis arms a module timer at `now + delay * 1000` microseconds: a delay
+/// near 2^64 / 1000 ms wraps into the past, and a timer in the past fires
+/// again as soon as it is re-armed. A KEEPALIVE lease three times that (its
+/// renewal interval is a third of the lease) used to keep the server in its
+/// timer loop, answering nobody. The lease and BLOCK timers are exercised
+/// too: a waiter parked for as long behind a lock of the same lease.
+#[test]
+fn a_lease_of_any_length_leaves_the_timers_idle() {
+    let s = Server::start();
+    let wraps = u64::MAX / 1000;
+    let mut holder = s.client();
+    // A wedged server answers nothing: fail, don't hang.
+    holder
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    for (i, lease) in [3 * wraps, 3 * wraps - 3_000, 3 * (wraps + 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("ka{i}");
+        let lease = lease.to_string();
+        int(
+            &mut holder,
+            &["RLOCK.ACQUIRE", &key, "o", "PX", &lease, "KEEPALIVE"],
+        );
+    }
+    let lease = wraps.to_string();
+    int(&mut holder, &["RLOCK.ACQUIRE", "held", "o", "PX", &lease]);
+    let mut waiter = s.client();
+    let parked = std::thread::spawn(move || {
+        call(
+            &mut waiter,
+            &["RLOCK.ACQUIRE", "held", "w", "BLOCK", &lease],
+        )
+    });
+
+    let mut c = s.client();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    wait_parked(&mut c, 1);
+    let cpu = |c: &mut Connection| -> f64 {
+        let info: String = cmd("INFO").arg("cpu").query(c).unwrap();
+        info.lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| ["used_cpu_sys", "used_cpu_user"].contains(k))
+            .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+            .sum()
+    };
+    let before = cpu(&mut c);
+    sleep(Duration::from_secs(1));
+    let spent = cpu(&mut c) - before;
+    // An idle server spends milliseconds a second; one re-arming a timer in
+    // the past spends the whole second.
+    assert!(
+        spent < 0.5,
+        "the server spent {spent:.3} s of CPU in 1 s idle"
+    );
+    assert_eq!(stat(&mut c, "keepalive_holds"), 3);
+    assert!(keepalive_of(&mut c, "ka0").is_some());
+
+    assert_eq!(int(&mut c, &["RLOCK.FORCERELEASE", "held"]), 1);
+    assert!(matches!(parked.join().unwrap(), Ok(Value::Int(_))));
+}
