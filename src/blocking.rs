@@ -133,7 +133,7 @@ struct Registry {
     /// Multi-key waiters first in the queue of a key that could be theirs:
     /// the engine tries to grant them all their keys (`take_multi_ready`).
     multi_ready: Vec<u64>,
-    /// The armed timer (a BLOCK of days re-arms hourly).
+    /// The armed timer (a long BLOCK re-arms every `timer::MAX_DELAY_MS`).
     timer: Option<Armed>,
 }
 

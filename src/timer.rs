@@ -1,13 +1,18 @@
 //! The Redis module timers of the lease schedule, the BLOCK deadlines and the
 //! KEEPALIVE renewals: each keeps one timer armed for its earliest work, and
-//! every one of them is armed here.
-//!
-//! Redis turns a timer's delay into a deadline on its microsecond clock as
-//! `now + delay * 1000`. A delay of about 18 quadrillion ms (a lease a client
-//! may ask for) wraps that sum into the past, and a timer in the past fires
-//! again as soon as its callback re-arms it: the server never leaves its timer
-//! loop. So no timer waits longer than `MAX_DELAY_MS`; one that fires before its
-//! work is due finds nothing to do and is armed again.
+//! every one of them is armed here, never more than `MAX_DELAY_MS` ahead (a
+//! timer that fires before its work is due finds nothing to do and is armed
+//! again), for two limits of Redis's own:
+//! - Redis arms a module timer at `now + delay * 1000` microseconds: a delay
+//!   near 2^64 / 1000 ms (a KEEPALIVE renewal is a third of a lease a client
+//!   may ask for) wraps into the past, and a timer in the past fires again as
+//!   soon as its callback re-arms it: the server never leaves its timer loop.
+//! - Redis 7.0 reschedules the event-loop timer that serves every module timer
+//!   in a C `int` of microseconds (`ae.c`, the time proc's return value times
+//!   1000): when the next module timer is more than 2,147,483 ms (35.8
+//!   minutes) ahead, that overflows into the past and the event loop spins at
+//!   full CPU until the timer comes within range. Redis 8.2 and Valkey 8.1
+//!   compute it in 64 bits.
 
 use std::os::raw::c_void;
 
@@ -15,8 +20,10 @@ use redis_module::raw;
 
 use crate::ffi::{api, Ctx};
 
-/// Longest single wait of a Redis timer (one hour).
-pub const MAX_DELAY_MS: i64 = 3_600_000;
+/// Longest single wait of a Redis timer (20 minutes, clear of Redis 7.0's
+/// 35.8).
+pub const MAX_DELAY_MS: i64 = 1_200_000;
+const _: () = assert!(MAX_DELAY_MS * 1000 <= i32::MAX as i64);
 
 pub type Callback = unsafe extern "C" fn(*mut Ctx, *mut c_void);
 
@@ -119,6 +126,7 @@ mod tests {
         assert_eq!(capped(250), 250);
         for huge in [
             MAX_DELAY_MS + 1,
+            3_600_000,
             (u64::MAX / 1000) as i64,
             i64::MAX / 3,
             i64::MAX,

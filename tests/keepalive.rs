@@ -408,17 +408,7 @@ fn a_lease_of_any_length_leaves_the_timers_idle() {
     let mut c = s.client();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     wait_parked(&mut c, 1);
-    let cpu = |c: &mut Connection| -> f64 {
-        let info: String = cmd("INFO").arg("cpu").query(c).unwrap();
-        info.lines()
-            .filter_map(|l| l.split_once(':'))
-            .filter(|(k, _)| ["used_cpu_sys", "used_cpu_user"].contains(k))
-            .map(|(_, v)| v.trim().parse::<f64>().unwrap())
-            .sum()
-    };
-    let before = cpu(&mut c);
-    sleep(Duration::from_secs(1));
-    let spent = cpu(&mut c) - before;
+    let spent = cpu_seconds_over_a_second(&mut c);
     // An idle server spends milliseconds a second; one re-arming a timer in
     // the past spends the whole second.
     assert!(
@@ -430,4 +420,54 @@ fn a_lease_of_any_length_leaves_the_timers_idle() {
 
     assert_eq!(int(&mut c, &["RLOCK.FORCERELEASE", "held"]), 1);
     assert!(matches!(parked.join().unwrap(), Ok(Value::Int(_))));
+}
+
+/// Redis 7.0 reschedules its one event-loop timer for module timers at `now +
+/// ms * 1000` computed in a C `int`: a module timer more than 2,147,483 ms
+/// (35.8 minutes) ahead, once another one has fired, overflowed it into the
+/// past, and the event loop spun at full CPU until the far timer came within
+/// range (24 minutes for a timer an hour ahead). Here a BLOCK timer fires
+/// while the lease timer of a day-long lease is armed and a KEEPALIVE renewal
+/// is 40 minutes ahead.
+#[test]
+fn timers_far_ahead_leave_the_server_idle() {
+    let s = Server::start();
+    let mut holder = s.client();
+    int(
+        &mut holder,
+        &["RLOCK.ACQUIRE", "day", "o", "PX", "86400000"],
+    );
+    int(
+        &mut holder,
+        &["RLOCK.ACQUIRE", "kept", "o", "PX", "7200000", "KEEPALIVE"],
+    );
+    // "day" gets a waiter, so the lease timer is armed for the lease's end;
+    // the waiter's BLOCK timer fires after 200 ms.
+    let mut c = s.client();
+    assert!(is_nil(
+        &mut c,
+        &["RLOCK.ACQUIRE", "day", "w", "BLOCK", "200"]
+    ));
+    let spent = cpu_seconds_over_a_second(&mut c);
+    assert!(
+        spent < 0.5,
+        "the server spent {spent:.3} s of CPU in 1 s idle"
+    );
+    assert_eq!(stat(&mut c, "lease_schedule"), 1);
+    assert_eq!(stat(&mut c, "keepalive_holds"), 1);
+}
+
+/// The server's CPU time (user and system, all threads) over one second.
+fn cpu_seconds_over_a_second(c: &mut Connection) -> f64 {
+    let mut cpu = || -> f64 {
+        let info: String = cmd("INFO").arg("cpu").query(c).unwrap();
+        info.lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| ["used_cpu_sys", "used_cpu_user"].contains(k))
+            .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+            .sum()
+    };
+    let before = cpu();
+    sleep(Duration::from_secs(1));
+    cpu() - before
 }
