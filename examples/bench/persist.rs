@@ -165,12 +165,13 @@ fn time_until(what: &str, mut f: impl FnMut() -> bool) -> Instant {
     Instant::now()
 }
 
-/// Section (g) but the load times, for every side in `locks`: all their servers are alive together, so that each timed operation
-/// (`SAVE`, the AOF rewrite, `FLUSHALL`) runs in rounds in which the sides take
-/// turns, and the machine's drift over the minutes of a run falls on all of
-/// them. Measured one side after the other, `SAVE` of the same `SET PX` keys
-/// took 2,061 ms on one server and 1,705 ms on the next (1.21x for identical
-/// work), which swung the ratios across their targets.
+/// Section (g) but the load times, for every side in `locks`: all their
+/// servers are alive together, so that each timed operation (`SAVE`, the AOF
+/// rewrite, `FLUSHALL`) runs in rounds in which the sides take turns, and the
+/// machine's drift over the minutes of a run falls on all of them. Measured
+/// one side after the other, `SAVE` of the same `SET PX` keys took 2,061 ms
+/// on one server and 1,705 ms on the next (1.21x for identical work), which
+/// swung the ratios across their targets.
 /// `waiters`: clients parked on as many lock keys before each `FLUSHALL`
 /// (native only).
 pub fn run(env: &Env, locks: &[Lock], n: usize, waiters: usize) -> Vec<Persist> {
