@@ -237,6 +237,27 @@ pub fn contained_or<T>(what: &str, fallback: impl FnOnce() -> T, f: impl FnOnce(
     }
 }
 
+/// A server config's value as `CONFIG GET` gives it (None if unreadable).
+pub fn config_value(ctx: *mut Ctx, name: &str) -> Option<String> {
+    use redis_module::{Context, RedisValue};
+    let reply = Context::new(ctx).call("CONFIG", &["GET", name][..]).ok()?;
+    let RedisValue::Array(items) = reply else {
+        return None;
+    };
+    match items.get(1)? {
+        RedisValue::SimpleString(s) | RedisValue::BulkString(s) => Some(s.clone()),
+        RedisValue::BulkRedisString(s) => s.try_as_str().ok().map(str::to_owned),
+        RedisValue::StringBuffer(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        RedisValue::Integer(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+/// A numeric server config (`maxmemory`, `min-replicas-to-write`, ...).
+pub fn config_number(ctx: *mut Ctx, name: &str) -> Option<i64> {
+    config_value(ctx, name)?.trim().parse().ok()
+}
+
 pub fn log_warning(msg: &str) {
     let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
     unsafe {

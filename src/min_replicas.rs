@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use redis_module::raw;
 
-use crate::ffi::{api, Ctx};
+use crate::ffi::{api, config_number, Ctx};
 use crate::role::is_master;
 
 /// The error a refused write gets (the text Redis uses).
@@ -194,21 +194,6 @@ fn replica_line(line: &str) -> Option<i64> {
         }
     }
     lag.filter(|_| online)
-}
-
-fn config_number(ctx: *mut Ctx, name: &str) -> Option<i64> {
-    use redis_module::{Context, RedisValue};
-    let reply = Context::new(ctx).call("CONFIG", &["GET", name][..]).ok()?;
-    let RedisValue::Array(items) = reply else {
-        return None;
-    };
-    match items.get(1)? {
-        RedisValue::SimpleString(s) | RedisValue::BulkString(s) => s.parse().ok(),
-        RedisValue::BulkRedisString(s) => s.try_as_str().ok()?.parse().ok(),
-        RedisValue::StringBuffer(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        RedisValue::Integer(i) => Some(*i),
-        _ => None,
-    }
 }
 
 struct Info(*mut raw::RedisModuleServerInfoData);
