@@ -100,5 +100,5 @@ test-valgrind: build
 	RLOCK_VALGRIND=1 cargo test --release --no-fail-fast --test rlock --test fairlock --test rwlock \
 		--test persistence --test replication --test acl --test command_docs --test readme \
 		--test keepalive --test deltas --test chaos --test semaphore --test multilock \
-		--test deadlock --test swapdb --test restore --test bad_input \
+		--test deadlock --test swapdb --test restore --test bad_input --test eviction \
 		-- --test-threads=2 $(VALGRIND_SKIP)

@@ -1,12 +1,12 @@
 //! Server events that move the lease machinery: loading done, role changed,
-//! databases flushed or swapped.
+//! databases flushed or swapped, configs changed.
 
 use std::os::raw::c_void;
 
 use redis_module::raw::{self, RedisModuleEvent};
 
 use crate::ffi::{api, now_ms, Ctx, OK};
-use crate::{blocking, keepalive, lease, min_replicas, role, token};
+use crate::{blocking, eviction, keepalive, lease, min_replicas, role, token};
 
 unsafe extern "C" fn on_role_change(
     ctx: *mut Ctx,
@@ -165,13 +165,17 @@ unsafe extern "C" fn on_config_change(
     _sub: u64,
     _data: *mut c_void,
 ) {
-    crate::ffi::contained("config change", (), || min_replicas::read_config(ctx))
+    crate::ffi::contained("config change", (), || {
+        min_replicas::read_config(ctx);
+        eviction::check(ctx);
+    })
 }
 
 pub fn subscribe(ctx: *mut Ctx) -> bool {
     crate::ffi::init_module_context(ctx);
     role::refresh(ctx);
     min_replicas::read_config(ctx);
+    eviction::check(ctx);
     // The first token epoch starts at load (a restart with no dataset
     // fires no loading event).
     token::start_epoch(now_ms());

@@ -14,6 +14,7 @@ mod docs;
 mod effect;
 mod engine;
 mod events;
+mod eviction;
 mod ffi;
 mod keepalive;
 mod lease;
