@@ -1,6 +1,6 @@
 //! SPEC "Failover and split brain", one defect at a time, with real servers:
-//! no grant after a BLOCK deadline (server frozen meanwhile); `WAIT` on the
-//! granted connection covers every kind of grant; hand-overs obey
+//! no grant after a BLOCK deadline (server frozen meanwhile); `WAIT` (and
+//! `WAITAOF`) on the granted connection covers every kind of grant; hand-overs obey
 //! min-replicas-to-write; tokens are ordered by failover.
 
 mod common;
@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// How a client asks that its writes reached a replica: the number of
+/// replicas that acknowledged them within `ms`.
+type Ack = fn(&mut Connection, u64) -> i64;
+
 /// A waiter on its own connection: `ACQUIRE ... BLOCK`, then (if granted)
 /// `WAIT 1 <wait_ms>` on the same connection. Returns the ACQUIRE reply, the
 /// WAIT result and the connection (for a later WAIT).
@@ -18,13 +22,23 @@ fn waiter(
     args: &[&str],
     wait_ms: u64,
 ) -> JoinHandle<(Value, Option<i64>, Connection)> {
+    waiter_acking(server, args, wait_ms, wait_acked)
+}
+
+/// `waiter`, asking with `ack` instead of `WAIT`.
+fn waiter_acking(
+    server: &Server,
+    args: &[&str],
+    wait_ms: u64,
+    ack: Ack,
+) -> JoinHandle<(Value, Option<i64>, Connection)> {
     let mut c = server.client();
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     std::thread::spawn(move || {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let reply = call(&mut c, &refs).unwrap();
         let waited = match reply {
-            Value::Int(_) => Some(cmd("WAIT").arg(1).arg(wait_ms).query(&mut c).unwrap()),
+            Value::Int(_) => Some(ack(&mut c, wait_ms)),
             _ => None,
         };
         (reply, waited, c)
@@ -33,6 +47,12 @@ fn waiter(
 
 fn wait_acked(c: &mut Connection, ms: u64) -> i64 {
     cmd("WAIT").arg(1).arg(ms).query(c).unwrap()
+}
+
+/// `WAITAOF 0 1 <ms>`: replicas that wrote the connection's writes to their AOF.
+fn waitaof_acked(c: &mut Connection, ms: u64) -> i64 {
+    let (_local, replicas): (i64, i64) = cmd("WAITAOF").arg(0).arg(1).arg(ms).query(c).unwrap();
+    replicas
 }
 
 fn owner_of(c: &mut Connection, info_cmd: &str, key: &str) -> Option<String> {
@@ -123,8 +143,13 @@ fn block_timeouts_stay_on_time() {
 /// Master, replica, and a connection on the master whose writes the replica
 /// has acknowledged.
 fn pair() -> (Server, Server, Connection) {
+    pair_with(&[])
+}
+
+/// `pair`, the replica started with `replica_args`.
+fn pair_with(replica_args: &[&str]) -> (Server, Server, Connection) {
     let master = Server::start();
-    let replica = Server::start();
+    let replica = Server::start_with(replica_args, &[]);
     replica.replicate_from(&master);
     let mut c = master.client();
     // The replica's link can be up before the master counts it online (and
@@ -138,7 +163,43 @@ fn pair() -> (Server, Server, Connection) {
 
 #[test]
 fn wait_on_the_granted_connection_covers_every_kind_of_grant() {
-    let (master, replica, mut m) = pair();
+    let (master, replica, m) = pair();
+    every_kind_of_grant_is_covered_by(wait_acked, "WAIT 1", master, replica, m);
+}
+
+/// The same with `WAITAOF 0 1` (Redis 7.2 on, Valkey): the replica's AOF.
+#[test]
+fn waitaof_on_the_granted_connection_covers_every_kind_of_grant() {
+    // `always`: a Redis 8.2.3 replica on `everysec` acknowledged no AOF offset
+    // for seconds once its link went idle (by hand, without the module).
+    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+    let (master, replica, mut m) = pair_with(&aof);
+    let known: Value = cmd("COMMAND")
+        .arg("INFO")
+        .arg("WAITAOF")
+        .query(&mut m)
+        .unwrap();
+    if known == Value::Array(vec![Value::Nil]) {
+        let version = server_info(&mut m, "redis_version").unwrap();
+        assert!(version.starts_with("7.0."), "no WAITAOF on {version}");
+        eprintln!("Redis {version} has no WAITAOF: nothing to check");
+        return;
+    }
+    // The replica acknowledges AOF offsets once its rewrite after the sync is done.
+    wait_until(Duration::from_secs(20), || {
+        let _: () = cmd("SET").arg("sync").arg("0").query(&mut m).unwrap();
+        waitaof_acked(&mut m, 200) == 1
+    });
+    every_kind_of_grant_is_covered_by(waitaof_acked, "WAITAOF 0 1", master, replica, m);
+}
+
+fn every_kind_of_grant_is_covered_by(
+    ack: Ack,
+    name: &str,
+    master: Server,
+    replica: Server,
+    mut m: Connection,
+) {
     // Holders and waiters in place while the replica is live.
     int(&mut m, &["RLOCK.ACQUIRE", "rel", "h", "PX", "60000"]);
     int(&mut m, &["RLOCK.ACQUIRE", "exp", "h", "PX", "2500"]);
@@ -148,7 +209,7 @@ fn wait_on_the_granted_connection_covers_every_kind_of_grant() {
         &mut m,
         &["RWLOCK.ACQUIRE", "rw", "WRITE", "h", "PX", "60000"],
     );
-    assert_eq!(wait_acked(&mut m, 2000), 1);
+    assert_eq!(ack(&mut m, 2000), 1);
     let kinds = [
         (
             "release",
@@ -175,20 +236,20 @@ fn wait_on_the_granted_connection_covers_every_kind_of_grant() {
         .iter()
         .enumerate()
         .map(|(i, (_, args))| {
-            let h = waiter(&master, args, 200);
+            let h = waiter_acking(&master, args, 200, ack);
             wait_parked(&mut m, i as i64 + 1);
             h
         })
         .collect();
     // The replica acknowledges every offset up to the waiters' own.
     let _: () = cmd("SET").arg("sync").arg("1").query(&mut m).unwrap();
-    assert_eq!(wait_acked(&mut m, 2000), 1);
+    assert_eq!(ack(&mut m, 2000), 1);
 
     replica.freeze();
     let mut own = master.client();
     let t = int(&mut own, &["RLOCK.ACQUIRE", "own", "a"]);
     assert!(t > 0);
-    let own_wait = wait_acked(&mut own, 200);
+    let own_wait = ack(&mut own, 200);
     int(&mut m, &["RLOCK.RELEASE", "rel", "h"]);
     int(&mut m, &["RLOCK.FORCERELEASE", "force"]);
     int(&mut m, &["FAIRLOCK.RELEASE", "fair", "h"]);
@@ -200,19 +261,19 @@ fn wait_on_the_granted_connection_covers_every_kind_of_grant() {
         assert!(matches!(reply, Value::Int(_)), "{kind}: {reply:?}");
         report.push((kind, waited.unwrap()));
     }
-    eprintln!("WAIT 1 200 while the replica is frozen: {report:?}");
+    eprintln!("{name} 200 while the replica is frozen: {report:?}");
     assert!(
         report.iter().all(|(_, w)| *w == 0),
-        "WAIT claimed a replica has a grant it never received: {report:?}"
+        "{name} claimed a replica has a grant it never received: {report:?}"
     );
 
     replica.thaw();
-    assert_eq!(wait_acked(&mut own, 5000), 1);
+    assert_eq!(ack(&mut own, 5000), 1);
     let mut after = vec![];
     for ((kind, _), (_, _, mut c)) in kinds.iter().zip(results) {
-        after.push((kind, wait_acked(&mut c, 5000)));
+        after.push((kind, ack(&mut c, 5000)));
     }
-    eprintln!("WAIT 1 5000 after the replica resumed: {after:?}");
+    eprintln!("{name} 5000 after the replica resumed: {after:?}");
     assert!(after.iter().all(|(_, w)| *w == 1), "{after:?}");
 }
 
