@@ -2,9 +2,10 @@
 //!
 //! Under `maxmemory`, every policy but `noeviction` lets Redis evict a lock key
 //! like any other key, and an evicted lock is released under its holder, who
-//! is not told (its waiters get TRYAGAIN). Every lock carries its lease as a
-//! TTL, so the `volatile-*` policies choose among locks first and
-//! `volatile-ttl` takes the shortest leases. No module API exempts a key from
+//! is not told (the unlock channel says `forced`, parked waiters get
+//! TRYAGAIN). Every lock carries its lease as a TTL, so the `volatile-*`
+//! policies choose among locks first and `volatile-ttl` takes the shortest
+//! leases. No module API exempts a key from
 //! eviction, so the module warns: when it loads, and when `CONFIG SET` turns
 //! eviction on (once per turn, not on every config change while it stays on).
 

@@ -115,8 +115,9 @@ pub const KEY_GONE_ERR: &str = "TRYAGAIN the lock key was deleted or moved while
 ///
 /// The value says why: when every hold is past its deadline the lease ended
 /// (Redis expired the key: report it, and the first waiter takes a new lock);
-/// otherwise the lock was removed under its holder, and the waiters are told
-/// to retry (or get WRONGTYPE if something else now lives at the key).
+/// otherwise the lock was removed under its holder (published as `forced`),
+/// and the waiters are told to retry (or get WRONGTYPE if something else now
+/// lives at the key).
 pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     crate::ffi::contained("unlink hook", (), || {
         let lock = crate::store::Stored::from_raw(value.cast_mut()).outline();
@@ -150,6 +151,12 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
             if config::notify_keyspace() {
                 crate::lease::schedule_expiry_event(ctx, db, OwnedStr::hold(keyname), lock.kind);
             }
+        } else if !crate::role::is_loading() {
+            // Removed under its holders (DEL, eviction, RENAME or MOVE away,
+            // an overwrite): the holds ended as by FORCERELEASE (Redisson's
+            // force unlock is a DEL), and the channel's subscribers would
+            // otherwise wait out the lease before they try again.
+            publish(ctx, db, key, EndReason::Forced);
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
             let if_absent = if expired {

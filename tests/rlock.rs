@@ -1131,6 +1131,67 @@ fn waiters_of_a_deleted_or_moved_lock_are_told_to_retry() {
     );
 }
 
+/// A lock removed under its holder ends its holds as FORCERELEASE would, and
+/// the unlock channel says `forced` (its subscribers would otherwise wait out
+/// the lease); a flush publishes nothing, and a replica applying the removal
+/// publishes nothing either (its master did).
+#[test]
+fn a_lock_removed_under_its_holder_is_published_as_forced() {
+    let s = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&s);
+    let mut c = s.client();
+    let subscriber = |server: &Server| {
+        let sub = server.client();
+        sub.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        sub
+    };
+    let (mut sub, mut replica_sub) = (subscriber(&s), subscriber(&replica));
+    let mut ps = sub.as_pubsub();
+    ps.psubscribe("__rlock@*").unwrap();
+    let mut replica_ps = replica_sub.as_pubsub();
+    replica_ps.psubscribe("__rlock@*").unwrap();
+    let removals = [
+        (&["DEL", "k"][..], "RLOCK", true),
+        (&["UNLINK", "k"], "RLOCK", true),
+        (&["RENAME", "k", "elsewhere"], "RLOCK", true),
+        (&["MOVE", "k", "5"], "RLOCK", true),
+        (&["SET", "k", "v"], "RLOCK", true),
+        (&["PEXPIRE", "k", "0"], "RLOCK", true),
+        (&["DEL", "k"], "FAIRLOCK", true),
+        (&["DEL", "k"], "SEMAPHORE", true),
+        (&["DEL", "k"], "RWLOCK", true),
+        (&["FLUSHDB"], "RLOCK", false),
+        (&["FLUSHALL"], "RLOCK", false),
+    ];
+    for (what, family, published) in removals {
+        let _ = call(&mut c, &["FLUSHALL"]);
+        let acquire = format!("{family}.ACQUIRE");
+        let mut args = vec![acquire.as_str(), "k", "h", "PX", "60000"];
+        match family {
+            "RWLOCK" => args.insert(2, "WRITE"),
+            "SEMAPHORE" => args.extend(["LIMIT", "1"]),
+            _ => {}
+        }
+        int(&mut c, &args);
+        call(&mut c, what).unwrap();
+        let got = ps.get_message().ok().map(|m| {
+            let channel = m.get_channel_name().to_string();
+            (channel, m.get_payload::<String>().unwrap())
+        });
+        let expected = published.then(|| ("__rlock@0__:k".to_string(), "forced".to_string()));
+        assert_eq!(got, expected, "{family} then {what:?}");
+    }
+    assert_eq!(int(&mut c, &["WAIT", "1", "2000"]), 1);
+    let on_replica = replica_ps
+        .get_message()
+        .ok()
+        .map(|m| m.get_payload::<String>());
+    assert!(on_replica.is_none(), "{on_replica:?}");
+    assert_eq!(stat(&mut c, "forced_releases"), 0);
+}
+
 /// Waiters are only ever granted a lock of their own family. A key deleted
 /// under RLOCK waiters is free for any family at once (the waiters are told
 /// to retry); a key overwritten with another family's lock refuses them.

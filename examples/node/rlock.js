@@ -112,8 +112,8 @@ class Lock {
 
   /**
    * Acquires without parking a connection on the server. Resolves to the
-   * token, or null after `timeoutMs`. `safetyPollMs` bounds every wait (a DEL
-   * publishes nothing).
+   * token, or null after `timeoutMs`. `safetyPollMs` bounds every wait (a
+   * flush publishes nothing).
    */
   async acquireViaPubSub({ timeoutMs, safetyPollMs = 5000 } = {}) {
     const deadline = timeoutMs === undefined ? Infinity : Date.now() + timeoutMs;

@@ -242,6 +242,24 @@ class LockTest(unittest.TestCase):
         self.assertGreater(got[0], first)  # type: ignore[operator]
         waiter.release()
 
+    def test_pubsub_path_wakes_when_the_lock_is_deleted(self) -> None:
+        # A DEL (or an eviction) ends the holds under their holder; the server
+        # publishes it as "forced", so the waiter need not wait out the lease.
+        Lock(self.r, "psdel", lease_ms=60000, auto_renew=False).acquire()
+        got: List[Optional[int]] = []
+        waiter = Lock(self.r, "psdel")
+        t = threading.Thread(
+            target=lambda: got.append(waiter.acquire_via_pubsub(timeout=8, safety_poll=10)))
+        t.start()
+        wait_for(lambda: self.r.pubsub_numsub("__rlock@0__:psdel")[0][1] == 1)
+        time.sleep(0.1)
+        start = time.monotonic()
+        self.r.delete("psdel")
+        t.join()
+        self.assertLess(time.monotonic() - start, 1.0)  # the message, not the poll
+        self.assertIsNotNone(got[0])
+        waiter.release()
+
     def test_pubsub_path_retries_at_the_lease_end(self) -> None:
         # No message at all (channel off): the retry at the holder's PTTL grants.
         self.r.config_set("rlock.notify-channel", "no")

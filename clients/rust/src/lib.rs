@@ -404,7 +404,7 @@ impl Lock {
     /// and tries again on each end-of-hold message and when the holder's lease
     /// (`PTTL`) runs out, since a lease that ends with nobody parked may be
     /// announced only when Redis expires the key. `safety_poll` bounds each
-    /// wait (a `DEL` publishes nothing). Holds no place in a FAIRLOCK queue.
+    /// wait (a flush publishes nothing). Holds no place in a FAIRLOCK queue.
     pub fn acquire_via_pubsub(
         &self,
         timeout: Option<Duration>,

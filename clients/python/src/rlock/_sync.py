@@ -516,7 +516,7 @@ class _LockBase:
         without BLOCK, and tries again on each ``released``/``expired``/``forced``
         message and when the holder's lease (``PTTL``) runs out: a lease that
         ends with nobody parked may be announced only when Redis expires the
-        key. ``safety_poll`` bounds every wait (a ``DEL`` publishes nothing).
+        key. ``safety_poll`` bounds every wait (a flush publishes nothing).
         No queue position: FAIRLOCK order only binds parked waiters.
         Returns the token, or None after ``timeout`` seconds.
         """
