@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import unittest
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import harness
 import redis
@@ -224,16 +224,24 @@ class LockTest(unittest.TestCase):
             own.stop()
             other.stop()
 
+    def _waiting_via_pubsub(
+        self, key: str, timeout: float
+    ) -> Tuple[Lock, threading.Thread, List[Optional[int]]]:
+        """A waiter on the pub/sub path in a thread, once it is subscribed;
+        its lock, its thread, and the list its token will be put in."""
+        got: List[Optional[int]] = []
+        waiter = Lock(self.r, key)
+        t = threading.Thread(
+            target=lambda: got.append(waiter.acquire_via_pubsub(timeout=timeout, safety_poll=10)))
+        t.start()
+        wait_for(lambda: self.r.pubsub_numsub("__rlock@0__:" + key)[0][1] == 1)
+        time.sleep(0.1)
+        return waiter, t, got
+
     def test_pubsub_path_waits_without_a_parked_connection(self) -> None:
         holder = Lock(self.r, "ps")
         first = holder.acquire()
-        got: List[Optional[int]] = []
-        waiter = Lock(self.r, "ps")
-        t = threading.Thread(
-            target=lambda: got.append(waiter.acquire_via_pubsub(timeout=5, safety_poll=10)))
-        t.start()
-        wait_for(lambda: self.r.pubsub_numsub("__rlock@0__:ps")[0][1] == 1)
-        time.sleep(0.1)
+        waiter, t, got = self._waiting_via_pubsub("ps", 5)
         self.assertEqual(waiters(self.r), 0, "the pub/sub path must not park")
         start = time.monotonic()
         holder.release()
@@ -246,13 +254,7 @@ class LockTest(unittest.TestCase):
         # A DEL (or an eviction) ends the holds under their holder; the server
         # publishes it as "forced", so the waiter need not wait out the lease.
         Lock(self.r, "psdel", lease_ms=60000, auto_renew=False).acquire()
-        got: List[Optional[int]] = []
-        waiter = Lock(self.r, "psdel")
-        t = threading.Thread(
-            target=lambda: got.append(waiter.acquire_via_pubsub(timeout=8, safety_poll=10)))
-        t.start()
-        wait_for(lambda: self.r.pubsub_numsub("__rlock@0__:psdel")[0][1] == 1)
-        time.sleep(0.1)
+        waiter, t, got = self._waiting_via_pubsub("psdel", 8)
         start = time.monotonic()
         self.r.delete("psdel")
         t.join()
