@@ -5,13 +5,17 @@
  *
  *   FLOOR.LOCK key owner PX ms        -> 1 or 0
  *   FLOOR.TOKENLOCK key owner PX ms   -> a 19-digit token or 0
+ *   FLOOR.PADLOCK key owner PX ms     -> as TOKENLOCK, after PAD_LINES lines of no-ops
  *
  * Each opens the key, and if it is empty stores a 48-byte value (deadline,
  * token, up to 24 owner bytes: rlock's packed lock is also 48 bytes) and sets
  * the key's TTL to the deadline. Nothing else: no reentrancy, no queue, no
  * replication, no notification, no persistence (the type saves nothing).
  * TOKENLOCK replies with a fencing-token-sized integer as RLOCK.ACQUIRE does;
- * LOCK replies with Redis's shared `:1`.
+ * LOCK replies with Redis's shared `:1`. PADLOCK first runs through
+ * PAD_LINES 64-byte lines of no-op instructions (a compile-time count, 0 by
+ * default): the same call with more code to fetch and nothing more to do, which
+ * tells what a command's code footprint alone costs.
  *
  * A measuring tool, not part of rlock. Built by bench/module-floor.sh.
  */
@@ -27,6 +31,12 @@ typedef struct {
     size_t len;
     char owner[24];
 } FloorLock;
+
+#ifndef PAD_LINES
+#define PAD_LINES 0
+#endif
+#define STRINGIFY(x) #x
+#define TEXT(x) STRINGIFY(x)
 
 static RedisModuleType *floor_type;
 static uint64_t last_token = 1760000000000000000ULL;
@@ -90,6 +100,16 @@ static int floor_token_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     return RedisModule_ReplyWithLongLong(ctx, taken ? 0 : (long long)token);
 }
 
+/* PAD_LINES cache lines of code, each a no-op padded to the next 64-byte line. */
+__attribute__((noinline)) static void floor_pad(void) {
+    __asm__ volatile(".balign 64\n.rept " TEXT(PAD_LINES) "\nnop\n.balign 64\n.endr\n");
+}
+
+static int floor_pad_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    floor_pad();
+    return floor_token_lock(ctx, argv, argc);
+}
+
 int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv;
     (void)argc;
@@ -106,7 +126,9 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
     if (RedisModule_CreateCommand(ctx, "floor.lock", floor_lock, "write deny-oom fast", 1, 1, 1) ==
             REDISMODULE_ERR ||
         RedisModule_CreateCommand(ctx, "floor.tokenlock", floor_token_lock, "write deny-oom fast", 1,
-                                  1, 1) == REDISMODULE_ERR)
+                                  1, 1) == REDISMODULE_ERR ||
+        RedisModule_CreateCommand(ctx, "floor.padlock", floor_pad_lock, "write deny-oom fast", 1, 1,
+                                  1) == REDISMODULE_ERR)
         return REDISMODULE_ERR;
     return REDISMODULE_OK;
 }

@@ -12,6 +12,10 @@
 # 30000) acquisitions of distinct free keys sent with redis-cli --pipe (lease
 # 30 s, a Redisson owner), then `INFO commandstats`. Prints each variant's
 # median µs per call and the median of its per-round ratios to SET NX PX.
+# PAD="40 80 170" adds, for each count, the C lock run after that many 64-byte
+# lines of no-op code (FLOOR.PADLOCK): what code footprint alone costs
+# (bench/findings.md acquire-vs-set; bench/footprint.sh counts the lines a
+# command's code takes).
 # Needs a C compiler (cargo's linker), redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +32,10 @@ header=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/redis-module-*/src/incl
 work=$(mktemp -d /tmp/rlock-module-floor.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cc -O2 -fPIC -shared -I"$(dirname "$header")" -o "$work/floor.so" bench/floor_module.c
+for lines in ${PAD:-}; do
+    cc -O2 -fPIC -shared -DPAD_LINES="$lines" -I"$(dirname "$header")" \
+        -o "$work/floor-pad$lines.so" bench/floor_module.c
+done
 owner=6f1c2a4e-8b1d-4e55-9a7c-3d2f1b0e9a11:1
 
 # resp <variant> <command words, KEY for the key>: N commands in RESP.
@@ -52,11 +60,17 @@ resp floor.lock FLOOR.LOCK KEY OWNER PX 30000
 resp floor.tokenlock FLOOR.TOKENLOCK KEY OWNER PX 30000
 resp rlock.acquire RLOCK.ACQUIRE KEY OWNER PX 30000
 variants="set floor.lock floor.tokenlock rlock.acquire"
+for lines in ${PAD:-}; do
+    resp "floor.padlock+$lines" FLOOR.PADLOCK KEY OWNER PX 30000
+    variants="$variants floor.padlock+$lines"
+done
 
+# A port below Linux's ephemeral range (32768 and up), so that no client
+# connection of an earlier round holds it.
 free_port() {
     local p
     for _ in $(seq 1 50); do
-        p=$((20000 + RANDOM % 20000))
+        p=$((20000 + RANDOM % 12000))
         redis-cli -p "$p" ping >/dev/null 2>&1 || { echo "$p"; return; }
     done
     echo 7399
@@ -64,16 +78,17 @@ free_port() {
 
 # one <variant>: µs per call of the variant's command on a fresh server.
 one() {
-    local name=$1 port pid
+    local name=$1 port pid floor=$work/floor.so
+    case $name in floor.padlock+*) floor=$work/floor-pad${name#floor.padlock+}.so ;; esac
     port=$(free_port)
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-        --loadmodule "$so" --loadmodule "$work/floor.so" > "$work/server.log" 2>&1 &
+        --loadmodule "$so" --loadmodule "$floor" > "$work/server.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
     redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
     redis-cli -p "$port" --pipe < "$work/$name.resp" >/dev/null
     redis-cli -p "$port" INFO commandstats | tr -d '\r' |
-        awk -F'[:,=]' -v c="cmdstat_$name" '$1 == c { for (i = 2; i < NF; i += 2) v[$i] = $(i + 1)
+        awk -F'[:,=]' -v c="cmdstat_${name%+*}" '$1 == c { for (i = 2; i < NF; i += 2) v[$i] = $(i + 1)
             if (v["calls"] + 0 > 0) printf "%.4f\n", v["usec"] / v["calls"] }'
     redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     wait "$pid" 2>/dev/null || true
@@ -88,17 +103,17 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 echo "module: $so   calls per round: $N   rounds: $ROUNDS   (server µs per call, INFO commandstats)"
-awk '
+awk -v order="$variants" '
     function median(a, n,   i, j, t) {
         for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
         return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
     }
-    { t[$1, $2] = $3; rounds[$1] = 1; names[$2] = 1 }
+    { t[$1, $2] = $3; rounds[$1] = 1 }
     END {
-        split("set floor.lock floor.tokenlock rlock.acquire", order, " ")
-        for (k = 1; k <= 4; k++) {
-            name = order[k]; n = 0
+        count = split(order, names_in_order, " ")
+        for (k = 1; k <= count; k++) {
+            name = names_in_order[k]; n = 0
             for (r in rounds) { n++; us[n] = t[r, name]; ratio[n] = t[r, name] / t[r, "set"] }
-            printf "%-16s %.3f µs   %.2fx SET NX PX\n", name, median(us, n), median(ratio, n)
+            printf "%-20s %.3f µs   %.2fx SET NX PX\n", name, median(us, n), median(ratio, n)
         }
     }' "$work/times"
