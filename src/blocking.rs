@@ -925,32 +925,37 @@ unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_i
     })
 }
 
-/// Redis calls this when somebody adds a key by the waiter's parking name
-/// (nothing of the module's does); grants never travel that way, so the
-/// waiter stays parked unless it was already answered.
+/// Redis calls this when somebody adds a key by the waiter's parking name.
+/// Nothing of the module's does, but a client can (a lock key named like
+/// another key's parking name, `k\0rlock:parked`). The waiter is answered
+/// then, never left parked: a waiter that declines leaves Redis 7.0 pointing
+/// at it as its current client (`parking_name` has the crash that followed
+/// once it was killed). One still waiting is told to retry, and its queue
+/// moves on without it.
 unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_int) -> c_int {
-    crate::ffi::contained("blocked-client wake", crate::ffi::ERR, || {
+    crate::ffi::contained("blocked-client wake", OK, || {
         let Some(id) = waiter_id(ctx) else {
-            return crate::ffi::ERR;
+            send(ctx, &Reply::err(PARKING_NAME_TAKEN_ERR));
+            return OK;
         };
-        let answered = with(|r| {
-            let status = r.records.get(&id).map(|rec| &rec.status);
-            !matches!(status, Some(Status::Waiting) | None)
-        });
-        let status = if answered { depart(ctx, id) } else { None };
-        match status {
-            Some(Status::Granted(token)) => send(ctx, &Reply::Int(token as i64)),
-            Some(Status::GrantedAll(tokens)) => send(ctx, &tokens_reply(&tokens)),
-            Some(Status::Failed(e)) => send(ctx, &Reply::err(e)),
+        let reply = match depart(ctx, id) {
+            Some(Status::Granted(token)) => Reply::Int(token as i64),
+            Some(Status::GrantedAll(tokens)) => tokens_reply(&tokens),
+            Some(Status::Failed(e)) => Reply::err(e),
             Some(Status::TimedOut) => {
                 stats::bump(&stats::WAIT_TIMEOUTS, 1);
-                send(ctx, &Reply::Null)
+                Reply::Null
             }
-            _ => return crate::ffi::ERR,
-        }
+            Some(Status::Waiting) | None => Reply::err(PARKING_NAME_TAKEN_ERR),
+        };
+        send(ctx, &reply);
         OK
     })
 }
+
+/// Answer to a waiter whose parking name a client created (`on_key_ready`).
+pub const PARKING_NAME_TAKEN_ERR: &str =
+    "TRYAGAIN a key was created by the internal name this wait was parked on; retry";
 
 pub fn tokens_reply(tokens: &[u64]) -> Reply {
     Reply::Array(tokens.iter().map(|t| Reply::Int(*t as i64)).collect())

@@ -1440,6 +1440,61 @@ fn watch_is_aborted_by_real_changes_only() {
     assert!(!ran, "a hand-over on lease end left WATCH alone");
 }
 
+/// A lock key named like another key's parking name (`k` then
+/// `\0rlock:parked`): its hand-over on lease end makes that name, and Redis
+/// offers it to `k`'s waiters. They used to decline and stay parked, which left
+/// Redis 7.0 pointing at the last of them (as in the test below): killed, it
+/// was read by the next timer that propagated, and the server crashed. Now a
+/// waiter offered a key is answered, TRYAGAIN, and leaves its queue.
+#[test]
+fn a_key_made_by_a_waiters_parking_name_answers_the_waiter() {
+    let s = Server::start_with(&["--save", "", "--appendonly", "yes"], &[]);
+    let mut a = s.client();
+    let taken = "k\0rlock:parked";
+    int(&mut a, &["RLOCK.ACQUIRE", "k", "h", "PX", "60000"]);
+    int(&mut a, &["RLOCK.ACQUIRE", taken, "ht", "PX", "300"]);
+    let v = spawn_call(&s, &["RLOCK.ACQUIRE", taken, "v", "BLOCK", "0"]);
+    wait_parked(&mut a, 1);
+    // w1 gives up after 5 s if nothing answers it (as before the fix).
+    let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", "5000"]);
+    wait_parked(&mut a, 2);
+    let mut w2c = s.client();
+    let w2id = client_id(&mut w2c).to_string();
+    let w2 =
+        std::thread::spawn(move || call(&mut w2c, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "0"]));
+    wait_parked(&mut a, 3);
+    // ht's lease ends: the timer makes `taken` again for v.
+    let (r, _) = v.join().unwrap();
+    assert!(matches!(r, Ok(Value::Int(_))), "v: {r:?}");
+    // Killed while parked before the fix; now answered, and gone already.
+    let _ = call(&mut a, &["CLIENT", "KILL", "ID", &w2id]);
+    let _ = w2.join();
+    let filler = "A".repeat(720);
+    for i in 0..200 {
+        call(&mut a, &["SET", &format!("fill{i}"), &filler]).unwrap();
+    }
+    // A lease ending under a waiter: the timer propagates a DEL and a delta.
+    int(&mut a, &["RLOCK.ACQUIRE", "x", "hx", "PX", "200"]);
+    let wx = spawn_call(&s, &["RLOCK.ACQUIRE", "x", "wx", "BLOCK", "0"]);
+    let (r, _) = wx.join().unwrap();
+    assert!(
+        matches!(r, Ok(Value::Int(_))),
+        "wx: {r:?}; server log:\n{}",
+        s.log()
+    );
+    let (r, _) = w1.join().unwrap();
+    let e = r.expect_err("w1 answered TRYAGAIN");
+    assert_eq!(e.code(), Some("TRYAGAIN"), "{e:?}");
+    assert!(e.to_string().contains("parked on"), "{e}");
+    assert_eq!(stat(&mut a, "waiters"), 0);
+    // k is still h's, and served in order once h lets go.
+    let w3 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w3", "BLOCK", "0"]);
+    wait_parked(&mut a, 1);
+    assert_eq!(int(&mut a, &["RLOCK.RELEASE", "k", "h"]), 0);
+    let (r, _) = w3.join().unwrap();
+    assert!(matches!(r, Ok(Value::Int(_))), "w3: {r:?}");
+}
+
 /// Found by the chaos run (Redis 7.0.15 crashed every few runs). Redis offers
 /// a key to every client parked on it whenever the key is added; when waiters
 /// were parked on the lock key itself, the lock made again for the first
