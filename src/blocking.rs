@@ -946,7 +946,12 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
                 stats::bump(&stats::WAIT_TIMEOUTS, 1);
                 Reply::Null
             }
-            Some(Status::Waiting) | None => Reply::err(PARKING_NAME_TAKEN_ERR),
+            Some(Status::Waiting) | None => {
+                // Redis unblocks it before the event loop sleeps: until then
+                // a `CLIENT UNBLOCK` must not answer it again, as after a grant.
+                crate::answered::mark(id, crate::engine::client_id(ctx));
+                Reply::err(PARKING_NAME_TAKEN_ERR)
+            }
         };
         send(ctx, &reply);
         OK

@@ -1495,6 +1495,46 @@ fn a_key_made_by_a_waiters_parking_name_answers_the_waiter() {
     assert!(matches!(r, Ok(Value::Int(_))), "w3: {r:?}");
 }
 
+/// A waiter answered because its parking name was made is unblocked by Redis
+/// only before the event loop sleeps: a `CLIENT UNBLOCK ... ERROR` sent in the
+/// same turn (pipelined after the command that made the name) must not answer
+/// it a second time, as after a grant (`src/answered.rs`).
+#[test]
+fn a_waiter_answered_for_its_parking_name_is_answered_once() {
+    let s = Server::start();
+    let mut a = s.client();
+    int(&mut a, &["RLOCK.ACQUIRE", "k", "h", "PX", "60000"]);
+    let mut wc = s.client();
+    let wid = client_id(&mut wc).to_string();
+    let w = std::thread::spawn(move || {
+        let r = call(&mut wc, &["RLOCK.ACQUIRE", "k", "w", "BLOCK", "0"]);
+        // Nothing more is waiting on the connection: the next reply is PONG.
+        (r, call(&mut wc, &["PING"]))
+    });
+    wait_parked(&mut a, 1);
+    let (_, unblocked): (Value, i64) = redis::pipe()
+        .cmd("RLOCK.ACQUIRE")
+        .arg("k\0rlock:parked")
+        .arg("o")
+        .arg("PX")
+        .arg("60000")
+        .cmd("CLIENT")
+        .arg("UNBLOCK")
+        .arg(&wid)
+        .arg("ERROR")
+        .query(&mut a)
+        .unwrap();
+    assert_eq!(unblocked, 0, "CLIENT UNBLOCK found the answered waiter");
+    let (r, ping) = w.join().unwrap();
+    let e = r.expect_err("w answered TRYAGAIN");
+    assert_eq!(e.code(), Some("TRYAGAIN"), "{e:?}");
+    assert!(
+        matches!(&ping, Ok(Value::SimpleString(p)) if p == "PONG"),
+        "{ping:?}"
+    );
+    assert_eq!(stat(&mut a, "waiters"), 0);
+}
+
 /// Found by the chaos run (Redis 7.0.15 crashed every few runs). Redis offers
 /// a key to every client parked on it whenever the key is added; when waiters
 /// were parked on the lock key itself, the lock made again for the first
