@@ -24,6 +24,11 @@ struct Cluster {
 
 /// A cluster-enabled server, not yet in any cluster.
 fn start_node() -> Server {
+    start_node_with_aof("no")
+}
+
+/// `start_node` with `appendonly` as given.
+fn start_node_with_aof(appendonly: &str) -> Server {
     // The bus port is explicit: port + 10000 may not exist.
     let bus = free_port().to_string();
     Server::start_with(
@@ -31,7 +36,7 @@ fn start_node() -> Server {
             "--save",
             "",
             "--appendonly",
-            "no",
+            appendonly,
             "--cluster-enabled",
             "yes",
             // Each server has its own --dir, so the name is unique.
@@ -636,22 +641,7 @@ fn keepalive_renewals_over_many_slots_reach_a_cluster_replica() {
 fn killing_a_waiter_on_a_key_hashed_whole_with_a_brace_is_safe() {
     // AOF on: the timer's effects are propagated, which is where Redis 7.0
     // read the freed client.
-    let bus = free_port().to_string();
-    let s = Server::start_with(
-        &[
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-port",
-            &bus,
-        ],
-        &[],
-    );
+    let s = start_node_with_aof("yes");
     let mut a = s.client();
     q(&mut a, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).unwrap();
     wait_until(Duration::from_secs(10), || {
@@ -662,33 +652,14 @@ fn killing_a_waiter_on_a_key_hashed_whole_with_a_brace_is_safe() {
         int(&mut a, &["RLOCK.ACQUIRE", key, "h", "PX", "300"]);
         let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", key, "w1", "BLOCK", "0"]);
         wait_parked(&mut a, 1);
-        let mut w2c = s.client();
-        let w2id = client_id(&mut w2c).to_string();
-        let args = ["RLOCK.ACQUIRE", key, "w2", "BLOCK", "0"].map(String::from);
-        let w2 = std::thread::spawn(move || {
-            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-            call(&mut w2c, &refs)
-        });
+        let (w2id, w2) = spawn_call_with_id(&s, &["RLOCK.ACQUIRE", key, "w2", "BLOCK", "0"]);
         wait_parked(&mut a, 2);
         // h's lease ends: the timer makes the key again for w1, w2 still parked.
         let (r, _) = w1.join().unwrap();
         assert!(matches!(r, Ok(redis::Value::Int(_))), "{key:?} w1: {r:?}");
         assert_eq!(int(&mut a, &["CLIENT", "KILL", "ID", &w2id]), 1);
         let _ = w2.join();
-        // The freed client's memory taken by values full of 'A'.
-        let filler = "A".repeat(720);
-        for i in 0..200 {
-            call(&mut a, &["SET", &format!("fill{i}"), &filler]).unwrap();
-        }
-        // A lease ending under a waiter: the timer propagates and serves.
-        int(&mut a, &["RLOCK.ACQUIRE", "x", "hx", "PX", "200"]);
-        let wx = spawn_call(&s, &["RLOCK.ACQUIRE", "x", "wx", "BLOCK", "0"]);
-        let (r, _) = wx.join().unwrap();
-        assert!(
-            matches!(r, Ok(redis::Value::Int(_))),
-            "{key:?} wx: {r:?}; server log:\n{}",
-            s.log()
-        );
+        reuse_freed_client_then_hand_over_on_lease_end(&s, &mut a);
         assert!(call(&mut a, &["PING"]).is_ok(), "{}", s.log());
         for k in [key, "x"] {
             int(&mut a, &["RLOCK.FORCERELEASE", k]);

@@ -1458,10 +1458,7 @@ fn a_key_made_by_a_waiters_parking_name_answers_the_waiter() {
     // w1 gives up after 5 s if nothing answers it (as before the fix).
     let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", "5000"]);
     wait_parked(&mut a, 2);
-    let mut w2c = s.client();
-    let w2id = client_id(&mut w2c).to_string();
-    let w2 =
-        std::thread::spawn(move || call(&mut w2c, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "0"]));
+    let (w2id, w2) = spawn_call_with_id(&s, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "0"]);
     wait_parked(&mut a, 3);
     // ht's lease ends: the timer makes `taken` again for v.
     let (r, _) = v.join().unwrap();
@@ -1469,19 +1466,7 @@ fn a_key_made_by_a_waiters_parking_name_answers_the_waiter() {
     // Killed while parked before the fix; now answered, and gone already.
     let _ = call(&mut a, &["CLIENT", "KILL", "ID", &w2id]);
     let _ = w2.join();
-    let filler = "A".repeat(720);
-    for i in 0..200 {
-        call(&mut a, &["SET", &format!("fill{i}"), &filler]).unwrap();
-    }
-    // A lease ending under a waiter: the timer propagates a DEL and a delta.
-    int(&mut a, &["RLOCK.ACQUIRE", "x", "hx", "PX", "200"]);
-    let wx = spawn_call(&s, &["RLOCK.ACQUIRE", "x", "wx", "BLOCK", "0"]);
-    let (r, _) = wx.join().unwrap();
-    assert!(
-        matches!(r, Ok(Value::Int(_))),
-        "wx: {r:?}; server log:\n{}",
-        s.log()
-    );
+    reuse_freed_client_then_hand_over_on_lease_end(&s, &mut a);
     let (r, _) = w1.join().unwrap();
     let e = r.expect_err("w1 answered TRYAGAIN");
     assert_eq!(e.code(), Some("TRYAGAIN"), "{e:?}");
@@ -1552,29 +1537,13 @@ fn killing_a_waiter_after_a_hand_over_on_lease_end_is_safe() {
     int(&mut a, &["RLOCK.ACQUIRE", "k", "h", "PX", "300"]);
     let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", "0"]);
     wait_parked(&mut a, 1);
-    let mut w2c = s.client();
-    let w2id = client_id(&mut w2c).to_string();
-    let w2 =
-        std::thread::spawn(move || call(&mut w2c, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "0"]));
+    let (w2id, w2) = spawn_call_with_id(&s, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "0"]);
     wait_parked(&mut a, 2);
     // h's lease ends: the timer makes k again for w1, with w2 still parked.
     let (r, _) = w1.join().unwrap();
     assert!(matches!(r, Ok(Value::Int(_))), "w1: {r:?}");
     assert_eq!(int(&mut a, &["CLIENT", "KILL", "ID", &w2id]), 1);
     let _ = w2.join();
-    // The freed client's memory (744 bytes) taken by values full of 'A'.
-    let filler = "A".repeat(720);
-    for i in 0..200 {
-        call(&mut a, &["SET", &format!("fill{i}"), &filler]).unwrap();
-    }
-    // A lease ending under a waiter: the timer propagates DEL and a delta.
-    int(&mut a, &["RLOCK.ACQUIRE", "x", "hx", "PX", "200"]);
-    let wx = spawn_call(&s, &["RLOCK.ACQUIRE", "x", "wx", "BLOCK", "0"]);
-    let (r, _) = wx.join().unwrap();
-    assert!(
-        matches!(r, Ok(Value::Int(_))),
-        "wx: {r:?}; server log:\n{}",
-        s.log()
-    );
+    reuse_freed_client_then_hand_over_on_lease_end(&s, &mut a);
     assert!(call(&mut a, &["PING"]).is_ok(), "{}", s.log());
 }

@@ -667,6 +667,41 @@ pub fn spawn_call(
     })
 }
 
+/// A blocking command on its own connection and thread, and that
+/// connection's client id (to `CLIENT KILL` or `CLIENT UNBLOCK` it).
+pub fn spawn_call_with_id(
+    server: &Server,
+    args: &[&str],
+) -> (String, std::thread::JoinHandle<redis::RedisResult<Value>>) {
+    let mut c = server.client();
+    let id = client_id(&mut c).to_string();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let handle = std::thread::spawn(move || {
+        let refs: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        call(&mut c, &refs)
+    });
+    (id, handle)
+}
+
+/// The memory of a client just freed (744 bytes on Redis 7.0) taken by values
+/// full of 'A', then a lease ending under a waiter, which the module's timer
+/// hands over and propagates (a DEL and a delta): a server still pointing at
+/// the freed client as its current one crashes here.
+pub fn reuse_freed_client_then_hand_over_on_lease_end(s: &Server, c: &mut Connection) {
+    let filler = "A".repeat(720);
+    for i in 0..200 {
+        call(c, &["SET", &format!("fill{i}"), &filler]).unwrap();
+    }
+    int(c, &["RLOCK.ACQUIRE", "x", "hx", "PX", "200"]);
+    let wx = spawn_call(s, &["RLOCK.ACQUIRE", "x", "wx", "BLOCK", "0"]);
+    let (r, _) = wx.join().unwrap();
+    assert!(
+        matches!(r, Ok(Value::Int(_))),
+        "wx: {r:?}; server log:\n{}",
+        s.log()
+    );
+}
+
 /// Waits until `n` clients are parked on the server.
 pub fn wait_parked(c: &mut Connection, n: i64) {
     wait_until(Duration::from_secs(5), || stat(c, "waiters") == n);
