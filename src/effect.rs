@@ -73,11 +73,16 @@ pub fn within<T>(
     } else {
         (ptr::null_mut(), 0)
     };
+    // Loads and stores, not swaps: a swap is a locked instruction, ~20
+    // cycles each on every command, for a main-thread-only value.
     let _outer = Outer(
-        CTX.swap(ctx, Ordering::Relaxed),
-        ARGV.swap(argv, Ordering::Relaxed),
-        ARGC.swap(argc, Ordering::Relaxed),
+        CTX.load(Ordering::Relaxed),
+        ARGV.load(Ordering::Relaxed),
+        ARGC.load(Ordering::Relaxed),
     );
+    CTX.store(ctx, Ordering::Relaxed);
+    ARGV.store(argv, Ordering::Relaxed);
+    ARGC.store(argc, Ordering::Relaxed);
     if argv.is_null() {
         return f(args);
     }

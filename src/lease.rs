@@ -31,6 +31,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::raw::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::raw;
 
@@ -189,8 +190,18 @@ thread_local! {
     static SCHEDULE: RefCell<Schedule> = RefCell::new(Schedule::default());
 }
 
+/// Whether any key is closed (`close_until_after`), kept beside the schedule
+/// as a plain global: every acquire of a free key asks, and a thread-local
+/// in a loaded module is a call into the dynamic linker.
+static ANY_CLOSED: AtomicBool = AtomicBool::new(false);
+
 fn with<R>(f: impl FnOnce(&mut Schedule) -> R) -> R {
-    SCHEDULE.with(|s| f(&mut s.borrow_mut()))
+    SCHEDULE.with(|s| {
+        let s = &mut *s.borrow_mut();
+        let out = f(s);
+        ANY_CLOSED.store(s.graces.len() > 0, Ordering::Relaxed);
+        out
+    })
 }
 
 fn active() -> bool {
@@ -352,7 +363,8 @@ pub fn close_until_after(ctx: *mut Ctx, db: i32, key: &[u8], deadline: i64) {
 /// Whether the absent key's last lease still runs at `now` (see
 /// `close_until_after`): a request must not be granted it yet.
 pub fn closed(db: i32, key: &[u8], now: i64) -> bool {
-    with(|s| s.graces.due(db, key).is_some_and(|opens| opens > now))
+    ANY_CLOSED.load(Ordering::Relaxed)
+        && with(|s| s.graces.due(db, key).is_some_and(|opens| opens > now))
 }
 
 /// The number a database has after `SWAPDB a b` for the one numbered `db`

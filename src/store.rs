@@ -65,14 +65,14 @@ impl Stored {
         match Compact::pack(state) {
             Some(c) => Stored::packed(c),
             None => {
-                stats::LOCKS.fetch_add(1, Ordering::Relaxed);
+                stats::lock_made();
                 Stored(boxed(state).cast())
             }
         }
     }
 
     pub fn packed(c: Compact) -> Stored {
-        stats::LOCKS.fetch_add(1, Ordering::Relaxed);
+        stats::lock_made();
         Stored(Box::into_raw(Box::new(c)).map_addr(|a| a | PACKED).cast())
     }
 
@@ -122,7 +122,7 @@ impl Stored {
     /// # Safety
     /// A live value of the lock type, no longer in the keyspace.
     pub unsafe fn free(self) {
-        stats::LOCKS.fetch_sub(1, Ordering::Relaxed);
+        stats::lock_freed();
         match self.form() {
             Form::Full(v) => drop(Box::from_raw(v)),
             Form::Packed(c) => drop(Box::from_raw(c)),
