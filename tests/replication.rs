@@ -295,3 +295,99 @@ fn a_ttl_the_lease_timer_puts_back_reaches_the_replica() {
         assert!(matches!(reply, Ok(Value::Int(_))), "{reply:?}");
     }
 }
+
+/// `DEBUG DIGEST-VALUE` of one key.
+fn digest_value(c: &mut Connection, key: &str) -> Value {
+    cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(c).unwrap()
+}
+
+/// The first grant of a free key builds its packed block straight from the
+/// request (`Compact::first_grant`, which the unit tests hold to the state
+/// machine's grant), while the replica applies its effect through the state
+/// machine and a reload reads the value back: all three must hold the same
+/// lock, with its TTL set. Every family, every owner form the block holds
+/// (short, 24 bytes, Redisson's), owners it cannot hold (the general path),
+/// semaphore permits and limits, the options the general parser reads.
+#[test]
+fn a_first_grant_is_held_alike_by_the_master_its_replica_and_a_reload() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let (mut m, mut r) = (master.client(), replica.client());
+    let redisson = "6f1c2a4e-8b1d-4e55-9a7c-3d2f1b0e9a11:42";
+    let owners = [
+        "a".to_string(),
+        "x".repeat(24),
+        redisson.to_string(),
+        "x".repeat(25),
+        redisson.to_uppercase(),
+    ];
+    let requests: [&[&str]; 7] = [
+        &["RLOCK.ACQUIRE", "K", "O", "PX", "60000"],
+        &["FAIRLOCK.ACQUIRE", "K", "O", "px", "60000"],
+        &["RWLOCK.ACQUIRE", "K", "READ", "O", "PX", "60000"],
+        &[
+            "RWLOCK.ACQUIRE",
+            "K",
+            "WRITE",
+            "O",
+            "PX",
+            "60000",
+            "BLOCK",
+            "100",
+        ],
+        &[
+            "SEMAPHORE.ACQUIRE",
+            "K",
+            "O",
+            "LIMIT",
+            "5",
+            "PERMITS",
+            "3",
+            "PX",
+            "60000",
+        ],
+        &[
+            "SEMAPHORE.ACQUIRE",
+            "K",
+            "O",
+            "LIMIT",
+            "70000",
+            "PX",
+            "60000",
+        ],
+        &["RLOCK.ACQUIRE", "K", "O", "EX", "60"],
+    ];
+    let mut keys = Vec::new();
+    for (i, owner) in owners.iter().enumerate() {
+        for (j, request) in requests.iter().enumerate() {
+            let key = format!("first:{i}:{j}");
+            let args: Vec<&str> = request
+                .iter()
+                .map(|&a| match a {
+                    "K" => key.as_str(),
+                    "O" => owner.as_str(),
+                    a => a,
+                })
+                .collect();
+            let token = int(&mut m, &args);
+            assert!(token > 0, "{args:?}");
+            let pttl = int(&mut m, &["PTTL", &key]);
+            assert!((50_000..=60_000).contains(&pttl), "{args:?}: PTTL {pttl}");
+            keys.push(key);
+        }
+    }
+    assert_eq!(stat(&mut m, "grants"), keys.len() as i64);
+    assert_eq!(stat(&mut m, "locks"), keys.len() as i64);
+    wait_replicated(&mut m);
+    let on_master: Vec<Value> = keys.iter().map(|k| digest_value(&mut m, k)).collect();
+    for (key, value) in keys.iter().zip(&on_master) {
+        assert_eq!(&digest_value(&mut r, key), value, "{key} on the replica");
+    }
+    assert_eq!(stat(&mut r, "locks"), keys.len() as i64);
+    let _: () = cmd("DEBUG").arg("RELOAD").query(&mut m).unwrap();
+    for (key, value) in keys.iter().zip(&on_master) {
+        assert_eq!(&digest_value(&mut m, key), value, "{key} after a reload");
+    }
+    assert_eq!(stat(&mut m, "locks"), keys.len() as i64);
+}

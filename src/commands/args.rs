@@ -171,6 +171,17 @@ pub fn options<'a>(
     Ok(opts)
 }
 
+/// The options of most acquisitions, `PX ms` alone, read without the general
+/// parser's loop (whose code was half of an uncontended acquire's parsing):
+/// the lease, or `None` for anything else, which `options` reads (and
+/// refuses, when it is wrong).
+pub fn lease_alone(name: &[u8], value: &[u8], now: i64) -> Option<i64> {
+    if !name.eq_ignore_ascii_case(b"PX") {
+        return None;
+    }
+    integer(value).filter(|&ms| ms > 0 && ms <= max_duration(now))
+}
+
 /// `COUNT n` of `*.INFO`: how many readers or queued owners to list (n >= 0).
 pub fn count(word: &[u8], value: &[u8]) -> Result<usize, &'static str> {
     if !word.eq_ignore_ascii_case(b"COUNT") {

@@ -29,7 +29,11 @@ fn arity_error(argv: &[*mut RStr]) -> Reply {
 }
 
 fn arg<'a>(argv: &[*mut RStr], i: usize) -> &'a [u8] {
-    unsafe { bytes(argv[i]) }
+    arg_of(argv[i])
+}
+
+fn arg_of<'a>(a: *mut RStr) -> &'a [u8] {
+    unsafe { bytes(a) }
 }
 
 /// Arguments that come before the options: (mode, owner, index of first option).
@@ -71,41 +75,66 @@ fn permits(opts: &args::Options, acquire: bool) -> Result<Mode, &'static str> {
 }
 
 pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
-    let (mut mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
+    let (mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
         Ok(v) => v,
         Err(e) => return e,
     };
-    let (grammar, semaphore) = match kind {
-        Kind::Semaphore => (args::Grammar::SEMAPHORE_ACQUIRE, true),
-        _ => (args::Grammar::ACQUIRE, false),
-    };
     let now = now_ms();
-    let opts = match args::options(rest(argv, first_opt), grammar, now) {
-        Ok(o) => o,
-        Err(e) => return Reply::err(e),
+    let lease_alone = match argv[first_opt..] {
+        [name, value] if kind != Kind::Semaphore => {
+            args::lease_alone(arg_of(name), arg_of(value), now)
+        }
+        _ => None,
     };
-    if semaphore {
-        mode = match permits(&opts, true) {
-            Ok(m) => m,
-            Err(e) => return Reply::err(e),
-        };
-    }
-    if opts.keepalive && !keepalive_allowed(ctx) {
-        return Reply::err(KEEPALIVE_SCRIPT_ERR);
-    }
+    let action = match lease_alone {
+        Some(lease_ms) => Action::Acquire {
+            owner,
+            mode,
+            lease_ms,
+            block: None,
+            keepalive: false,
+        },
+        None => match acquire_options(ctx, argv, kind, (mode, owner, first_opt), now) {
+            Ok(action) => action,
+            Err(e) => return e,
+        },
+    };
     // Redis admitted this write, but its count of good replicas can be a
     // second stale after the server was frozen: no new holder then.
     if crate::min_replicas::refuses_writes() {
         return Reply::err(crate::min_replicas::NOREPLICAS_ERR);
     }
-    let action = Action::Acquire {
+    engine::acquire(ctx, argv[1], kind, action, now)
+}
+
+/// An acquire's options other than `PX ms` alone (`args::lease_alone`), out
+/// of the usual acquire's line of code.
+#[inline(never)]
+fn acquire_options<'a>(
+    ctx: *mut Ctx,
+    argv: &[*mut RStr],
+    kind: Kind,
+    (mut mode, owner, first_opt): (Mode, &'a [u8], usize),
+    now: i64,
+) -> Result<Action<'a>, Reply> {
+    let grammar = match kind {
+        Kind::Semaphore => args::Grammar::SEMAPHORE_ACQUIRE,
+        _ => args::Grammar::ACQUIRE,
+    };
+    let opts = args::options(rest(argv, first_opt), grammar, now).map_err(Reply::err)?;
+    if kind == Kind::Semaphore {
+        mode = permits(&opts, true).map_err(Reply::err)?;
+    }
+    if opts.keepalive && !keepalive_allowed(ctx) {
+        return Err(Reply::err(KEEPALIVE_SCRIPT_ERR));
+    }
+    Ok(Action::Acquire {
         owner,
         mode,
         lease_ms: opts.lease_ms.unwrap_or_else(config::default_lease_ms),
         block: opts.block_ms,
         keepalive: opts.keepalive,
-    };
-    engine::execute_at(ctx, argv[1], Some(kind), action, now)
+    })
 }
 
 pub fn release(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {

@@ -5,6 +5,11 @@
 //! write back (value, TTL = latest deadline) -> replicate the delta ->
 //! notify -> watch the next deadline -> wake the served waiters.
 //!
+//! An acquire of a free key (`first_grant`) takes the same path with the
+//! steps that have nothing to do left out, its packed block built directly:
+//! an uncontended acquire's time is the code it runs through
+//! (bench/findings.md acquire-vs-set).
+//!
 //! Replication sends effects, never the command: `RLOCK.DELTA key <steps>`, the
 //! steps the state machine made to single holders, with absolute deadlines and
 //! explicit tokens (`lock::delta`). Replicas and AOF replay therefore reproduce
@@ -280,16 +285,17 @@ impl Opened<'_> {
 
 /// Opens the lock at `keyname` for a change. `wanted: None` accepts any lock
 /// family (internal callers); otherwise another family is WRONGTYPE.
+/// `key` is `keyname` opened for writing: opening may make Redis expire the
+/// key (its TTL is the latest deadline), and the type's unlink hook
+/// (notify::on_unlink) then records that expiry.
 fn open<'a>(
     ctx: *mut Ctx,
+    key: Key,
     keyname: *mut RStr,
     wanted: Option<Kind>,
     record: bool,
 ) -> Result<Opened<'a>, Reply> {
     let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
-    // Opening may make Redis expire the key (its TTL is the latest deadline);
-    // the type's unlink hook (notify::on_unlink) then records that expiry.
-    let key = Key::open(ctx, keyname, true);
     let existing = match store::lock_at(&key) {
         Err(()) => return Err(Reply::err(err::WRONGTYPE)),
         Ok(v) => v,
@@ -375,9 +381,36 @@ pub fn execute_at(
             return reply;
         }
     }
+    let key = Key::open(ctx, keyname, true);
+    execute_opened(ctx, key, keyname, wanted, action, now)
+}
+
+/// An acquire by a client: on a free key the first grant, else the general
+/// path with the key as opened.
+pub fn acquire(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, action: Action, now: i64) -> Reply {
+    if let Err(reply) = refuse_on_replica() {
+        return reply;
+    }
+    let key = Key::open(ctx, keyname, true);
+    match first_grant(ctx, key, keyname, kind, &action, now) {
+        Ok(reply) => reply,
+        Err(key) => execute_opened(ctx, key, keyname, Some(kind), action, now),
+    }
+}
+
+/// The rest of `execute_at` once the key is open (`wanted`: as `open` takes it).
+fn execute_opened(
+    ctx: *mut Ctx,
+    key: Key,
+    keyname: *mut RStr,
+    wanted: Option<Kind>,
+    action: Action,
+    now: i64,
+) -> Reply {
     let replicated = action.replicated();
     let mut o = match open(
         ctx,
+        key,
         keyname,
         wanted,
         !replicated && crate::role::propagates(),
@@ -558,6 +591,60 @@ fn grant(
         }
         Err(refused) => Reply::err(refused.0),
     }
+}
+
+/// The first grant of a free key (no value, no queue, not closed in its last
+/// lease's millisecond), the most common change there is: the engine's path
+/// with nothing to expire, serve or unpack, its block built as the state
+/// machine's grant would leave it (`Compact::first_grant`), then stored, its
+/// TTL set, replicated, announced. `Err(key)` when the key is not free or the
+/// lock would not be packed: the general path goes on with the key as opened.
+/// Keeping this short is what the uncontended acquire's time is about
+/// (bench/findings.md acquire-vs-set).
+fn first_grant(
+    ctx: *mut Ctx,
+    key: Key,
+    keyname: *mut RStr,
+    kind: Kind,
+    action: &Action,
+    now: i64,
+) -> Result<Reply, Key> {
+    let Action::Acquire {
+        owner,
+        mode,
+        lease_ms,
+        keepalive,
+        ..
+    } = *action
+    else {
+        return Err(key);
+    };
+    let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
+    let queued = blocking::any_queued() && blocking::with_queue(db, name, |_| ()).is_some();
+    if !key.is_empty() || queued || crate::lease::closed(db, name, now) {
+        return Err(key);
+    }
+    let deadline = now.saturating_add(lease_ms);
+    let issue = || token::issue(now);
+    let Some(block) = Compact::first_grant(kind, owner, mode, deadline, issue) else {
+        return Err(key);
+    };
+    stats::bump(&stats::GRANTS, 1);
+    unsafe {
+        store::put_packed(&key, block);
+        api!(RedisModule_SetAbsExpire)(key.raw, deadline);
+        api!(RedisModule_SignalModifiedKey)(ctx, keyname);
+    }
+    if keepalive {
+        crate::keepalive::bind(db, name, block.token(), client_id(ctx), lease_ms);
+    }
+    if crate::role::propagates() {
+        let mut delta = Delta::recording(kind);
+        block.first_grant_steps(owner, mode, &mut delta);
+        crate::effect::replicate(ctx, keyname, delta.bytes());
+    }
+    notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);
+    Ok(Reply::Int(block.token() as i64))
 }
 
 /// An acquire that must wait: the client is queued and parked if it asked to

@@ -21,7 +21,7 @@ use std::cell::Cell;
 
 use super::{finish, open, refuse_on_replica, Opened, Origin};
 use crate::blocking;
-use crate::ffi::{now_ms, select_db, Ctx, OwnedStr, RStr, Reply};
+use crate::ffi::{now_ms, select_db, Ctx, Key, OwnedStr, RStr, Reply};
 use crate::lock::{err, Admission, Kind, Mode};
 use crate::stats;
 use crate::token;
@@ -33,7 +33,13 @@ fn open_all<'a>(ctx: *mut Ctx, keynames: &[*mut RStr], now: i64) -> Result<Vec<O
     let record = crate::role::propagates();
     let mut opened = Vec::with_capacity(keynames.len());
     for &keyname in keynames {
-        match open(ctx, keyname, Some(Kind::Reentrant), record) {
+        match open(
+            ctx,
+            Key::open(ctx, keyname, true),
+            keyname,
+            Some(Kind::Reentrant),
+            record,
+        ) {
             Ok(o) => opened.push(o),
             Err(reply) => return Err(reply),
         }

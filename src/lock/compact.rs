@@ -4,10 +4,13 @@
 //! `LockState` takes 80. Anything else stays a `LockState`.
 //!
 //! A packed lock is unpacked into a `LockState` for every change and packed
-//! again after it, so the state machine keeps one representation.
+//! again after it, so the state machine keeps one representation. The one
+//! exception is the most common change of all, the first grant of a free key:
+//! `first_grant` builds its block directly, and the tests hold it to
+//! `LockState::grant` followed by `pack`.
 
 use super::encoding::{self, Buf, Layout, OwnerField, Reader};
-use super::{Holder, Kind, LockState, Owner};
+use super::{Delta, Holder, Kind, LockState, Mode, Owner};
 
 /// Owner bytes kept as they are, up to this many.
 const RAW_OWNER: usize = 24;
@@ -46,6 +49,56 @@ impl Compact {
             kind: state.kind().code() as u8,
             owner_form,
         })
+    }
+
+    /// What `LockState::grant` makes of a free lock of `kind`, packed: `owner`
+    /// the only holder, with one hold of `mode` (a semaphore: its permits, and
+    /// the request's limit in force) and the token `issue` gives, its lease to
+    /// `deadline`. `None`, with nothing issued, when that lock would not be
+    /// packed or no token is left: the general path then decides. The first
+    /// grant of a free key is the most common change there is, and building
+    /// its block directly is what keeps that acquire's code short
+    /// (bench/findings.md acquire-vs-set); the tests hold it to the state
+    /// machine's grant.
+    pub fn first_grant(
+        kind: Kind,
+        owner: &[u8],
+        mode: Mode,
+        deadline: i64,
+        issue: impl FnOnce() -> Option<u64>,
+    ) -> Option<Compact> {
+        let (owner_form, packed_owner) = pack_owner(owner)?;
+        let (mut reads, mut writes, mut limit) = (0, 0, 0);
+        match mode {
+            Mode::Write => writes = 1,
+            Mode::Read => reads = 1,
+            Mode::Permits { count, limit: l } => {
+                reads = count.try_into().ok()?;
+                limit = l.try_into().ok()?;
+            }
+        }
+        if (kind == Kind::Semaphore) != (limit > 0) {
+            return None;
+        }
+        Some(Compact {
+            token: issue()?,
+            deadline,
+            owner: packed_owner,
+            reads,
+            writes,
+            limit,
+            kind: kind.code() as u8,
+            owner_form,
+        })
+    }
+
+    /// The steps `LockState::grant` records for the first grant that made
+    /// this lock (`first_grant` of `owner` and `mode`).
+    pub fn first_grant_steps(&self, owner: &[u8], mode: Mode, delta: &mut Delta) {
+        if self.limit > 0 {
+            delta.limit(self.limit.into());
+        }
+        delta.new_holder(mode, self.token, self.deadline, owner);
     }
 
     pub fn unpack(&self) -> LockState {
@@ -412,6 +465,78 @@ mod tests {
                 assert_eq!(packed.kind(), kind);
             }
         }
+    }
+
+    /// The first grant's block and steps are the state machine's: a free
+    /// `LockState` granted, then packed. When that lock would not be packed,
+    /// nothing is issued.
+    #[test]
+    fn a_first_grant_is_the_state_machines_grant_packed() {
+        let owners: Vec<Vec<u8>> = vec![
+            b"w".to_vec(),
+            b"\0\xff\r\n".to_vec(),
+            [b'x'; RAW_OWNER].to_vec(),
+            [b'x'; RAW_OWNER + 1].to_vec(),
+            format!("{UUID}:0").into_bytes(),
+            format!("{UUID}:{}", u64::MAX).into_bytes(),
+            format!("{UUID}:01").into_bytes(),
+            format!("{}:7", UUID.to_uppercase()).into_bytes(),
+        ];
+        let permits = |count, limit| Mode::Permits { count, limit };
+        let requests = [
+            (Kind::Reentrant, Mode::Write),
+            (Kind::Fair, Mode::Write),
+            (Kind::ReadWrite, Mode::Read),
+            (Kind::ReadWrite, Mode::Write),
+            (Kind::Semaphore, permits(1, 1)),
+            (Kind::Semaphore, permits(3, 65535)),
+            (Kind::Semaphore, permits(65535, 65535)),
+            (Kind::Semaphore, permits(65536, 70000)),
+            (Kind::Semaphore, permits(2, 65536)),
+        ];
+        let (deadline, token) = (1_700_000_000_123, 1 << 40 | 7);
+        let (mut packed, mut unpacked) = (0, 0);
+        for owner in &owners {
+            for &(kind, mode) in &requests {
+                let what = format!("{kind:?} {mode:?} {:?}", String::from_utf8_lossy(owner));
+                let mut state = LockState::new(kind);
+                let mut steps = Delta::recording(kind);
+                let issue = &mut || Some(token);
+                assert_eq!(
+                    state.grant(owner, mode, deadline, issue, &mut steps),
+                    Ok(token)
+                );
+                let expected = Compact::pack(&state);
+
+                let mut issued = 0;
+                let issue = || {
+                    issued += 1;
+                    Some(token)
+                };
+                let got = Compact::first_grant(kind, owner, mode, deadline, issue);
+                assert_eq!(got, expected, "{what}");
+                match got {
+                    Some(block) => {
+                        packed += 1;
+                        let mut first_steps = Delta::recording(kind);
+                        block.first_grant_steps(owner, mode, &mut first_steps);
+                        assert_eq!(first_steps.bytes(), steps.bytes(), "{what}");
+                        assert_eq!(issued, 1, "{what}");
+                        let none = Compact::first_grant(kind, owner, mode, deadline, || None);
+                        assert_eq!(none, None, "{what}: no token left");
+                    }
+                    None => {
+                        unpacked += 1;
+                        assert_eq!(issued, 0, "{what}");
+                    }
+                }
+            }
+        }
+        // Both outcomes were exercised.
+        assert!(
+            packed > 20 && unpacked > 20,
+            "{packed} packed, {unpacked} not"
+        );
     }
 
     #[test]
