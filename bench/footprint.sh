@@ -15,11 +15,15 @@
 # calls to warm it, counters zeroed, N (default 2000) calls on distinct free
 # keys sent with redis-cli --pipe, one dump. A line counts when one of its
 # instructions ran on at least half of the N calls. TOP=k also lists the k
-# module functions with the most instructions on those lines. Needs valgrind,
+# module functions with the most instructions on those lines. AOF=1 runs the
+# servers with the AOF on (appendfsync no), so that every command's effect is
+# built and propagated, as with a replica attached. Needs valgrind,
 # python3, objdump, a C compiler, redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-2000}
+aof=no
+[ -z "${AOF:-}" ] || aof=yes
 so=${1:-}
 if [ -z "$so" ]; then
     cargo build --release --lib
@@ -56,12 +60,13 @@ commands() {
 count() {
     local name=$1 format=$2 port vg pid
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    mkdir -p "$work/$name.d"
     valgrind --tool=callgrind --dump-instr=yes --compress-pos=no --compress-strings=no \
         --callgrind-out-file="$work/$name.%p" \
-        redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no \
-        --loadmodule "$so" --loadmodule "$work/floor.so" > "$work/$name.log" 2>&1 &
+        redis-server --port "$port" --bind 127.0.0.1 --dir "$work/$name.d" --save '' \
+        --appendonly "$aof" --appendfsync no --loadmodule "$so" --loadmodule "$work/floor.so" > "$work/$name.log" 2>&1 &
     vg=$!
-    for _ in $(seq 1 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+    for _ in $(seq 1 300); do [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break; sleep 0.2; done
     pid=$(redis-cli -p "$port" INFO server | awk -F: '/^process_id:/ { print $2 }' | tr -d '\r')
     commands 500 warm "$format" | redis-cli -p "$port" --pipe >/dev/null
     callgrind_control -z "$pid" >/dev/null 2>&1
@@ -76,7 +81,7 @@ count set "SET KEY OWNER NX PX 3600000"
 count floor "FLOOR.TOKENLOCK KEY OWNER PX 3600000"
 count rlock "RLOCK.ACQUIRE KEY OWNER PX 3600000"
 
-echo "module: $so   calls: $N   (64-byte lines of code executed on at least half of the calls)"
+echo "module: $so   calls: $N   AOF: $aof   (64-byte lines of code executed on at least half of the calls)"
 python3 - "$N" "${TOP:-0}" "$work" "$(readlink -f "$(command -v redis-server)")" <<'EOF'
 import collections, re, subprocess, sys
 

@@ -16,6 +16,9 @@
 # lines of no-op code (FLOOR.PADLOCK): what code footprint alone costs
 # (bench/findings.md acquire-vs-set; bench/footprint.sh counts the lines a
 # command's code takes).
+# OTHER="a.so b.so" also times RLOCK.ACQUIRE of those builds (rlock.acquire@1,
+# @2, ...) in the same rounds: two builds compared on the same servers and
+# moments, which separate runs of this machine cannot do.
 # Needs a C compiler (cargo's linker), redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +63,13 @@ resp floor.lock FLOOR.LOCK KEY OWNER PX 30000
 resp floor.tokenlock FLOOR.TOKENLOCK KEY OWNER PX 30000
 resp rlock.acquire RLOCK.ACQUIRE KEY OWNER PX 30000
 variants="set floor.lock floor.tokenlock rlock.acquire"
+n_other=0
+for other in ${OTHER:-}; do
+    n_other=$((n_other + 1))
+    cp "$(readlink -f "$other")" "$work/other$n_other.so"
+    cp "$work/rlock.acquire.resp" "$work/rlock.acquire@$n_other.resp"
+    variants="$variants rlock.acquire@$n_other"
+done
 for lines in ${PAD:-}; do
     resp "floor.padlock+$lines" FLOOR.PADLOCK KEY OWNER PX 30000
     variants="$variants floor.padlock+$lines"
@@ -78,17 +88,20 @@ free_port() {
 
 # one <variant>: µs per call of the variant's command on a fresh server.
 one() {
-    local name=$1 port pid floor=$work/floor.so
-    case $name in floor.padlock+*) floor=$work/floor-pad${name#floor.padlock+}.so ;; esac
+    local name=$1 port pid floor=$work/floor.so module=$so
+    case $name in
+    floor.padlock+*) floor=$work/floor-pad${name#floor.padlock+}.so ;;
+    rlock.acquire@*) module=$work/other${name#rlock.acquire@}.so ;;
+    esac
     port=$(free_port)
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-        --loadmodule "$so" --loadmodule "$floor" > "$work/server.log" 2>&1 &
+        --loadmodule "$module" --loadmodule "$floor" > "$work/server.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
     redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
     redis-cli -p "$port" --pipe < "$work/$name.resp" >/dev/null
     redis-cli -p "$port" INFO commandstats | tr -d '\r' |
-        awk -F'[:,=]' -v c="cmdstat_${name%+*}" '$1 == c { for (i = 2; i < NF; i += 2) v[$i] = $(i + 1)
+        awk -F'[:,=]' -v c="cmdstat_${name%[+@]*}" '$1 == c { for (i = 2; i < NF; i += 2) v[$i] = $(i + 1)
             if (v["calls"] + 0 > 0) printf "%.4f\n", v["usec"] / v["calls"] }'
     redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     wait "$pid" 2>/dev/null || true
