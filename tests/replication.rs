@@ -322,7 +322,7 @@ fn a_first_grant_is_held_alike_by_the_master_its_replica_and_a_reload() {
         "x".repeat(25),
         redisson.to_uppercase(),
     ];
-    let requests: [&[&str]; 7] = [
+    let requests: [&[&str]; 8] = [
         &["RLOCK.ACQUIRE", "K", "O", "PX", "60000"],
         &["FAIRLOCK.ACQUIRE", "K", "O", "px", "60000"],
         &["RWLOCK.ACQUIRE", "K", "READ", "O", "PX", "60000"],
@@ -357,6 +357,7 @@ fn a_first_grant_is_held_alike_by_the_master_its_replica_and_a_reload() {
             "60000",
         ],
         &["RLOCK.ACQUIRE", "K", "O", "EX", "60"],
+        &["SEMAPHORE.ACQUIRE", "K", "O", "limit", "5", "PX", "60000"],
     ];
     let mut keys = Vec::new();
     for (i, owner) in owners.iter().enumerate() {

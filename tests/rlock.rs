@@ -1452,11 +1452,17 @@ fn a_key_made_by_a_waiters_parking_name_answers_the_waiter() {
     let mut a = s.client();
     let taken = "k\0rlock:parked";
     int(&mut a, &["RLOCK.ACQUIRE", "k", "h", "PX", "60000"]);
-    int(&mut a, &["RLOCK.ACQUIRE", taken, "ht", "PX", "300"]);
+    // Long enough for the three waiters to park first, also under valgrind;
+    // w1 would give up after `patience` if nothing answered it (as before the fix).
+    let (lease, patience) = if valgrind() {
+        ("5000", "30000")
+    } else {
+        ("300", "5000")
+    };
+    int(&mut a, &["RLOCK.ACQUIRE", taken, "ht", "PX", lease]);
     let v = spawn_call(&s, &["RLOCK.ACQUIRE", taken, "v", "BLOCK", "0"]);
     wait_parked(&mut a, 1);
-    // w1 gives up after 5 s if nothing answers it (as before the fix).
-    let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", "5000"]);
+    let w1 = spawn_call(&s, &["RLOCK.ACQUIRE", "k", "w1", "BLOCK", patience]);
     wait_parked(&mut a, 2);
     let (w2id, w2) = spawn_call_with_id(&s, &["RLOCK.ACQUIRE", "k", "w2", "BLOCK", "0"]);
     wait_parked(&mut a, 3);

@@ -182,6 +182,16 @@ pub fn lease_alone(name: &[u8], value: &[u8], now: i64) -> Option<i64> {
     integer(value).filter(|&ms| ms > 0 && ms <= max_duration(now))
 }
 
+/// A semaphore's usual options, `LIMIT n PX ms`, read as `lease_alone` reads
+/// `PX ms`: the limit and the lease, or `None` for anything else.
+pub fn limit_and_lease(words: [&[u8]; 4], now: i64) -> Option<(u32, i64)> {
+    let [name, limit, lease_name, lease] = words;
+    if !name.eq_ignore_ascii_case(b"LIMIT") {
+        return None;
+    }
+    Some((positive_u32(limit)?, lease_alone(lease_name, lease, now)?))
+}
+
 /// `COUNT n` of `*.INFO`: how many readers or queued owners to list (n >= 0).
 pub fn count(word: &[u8], value: &[u8]) -> Result<usize, &'static str> {
     if !word.eq_ignore_ascii_case(b"COUNT") {
@@ -285,6 +295,70 @@ mod tests {
         assert_eq!(parse(&["BLOCK", "9223372036854775807"]), Err(TIMEOUT_ERR));
         let max = (i64::MAX - NOW).to_string();
         assert_eq!(parse(&["PX", &max]).unwrap().lease_ms, Some(i64::MAX - NOW));
+    }
+
+    /// The usual options read without the loop mean what the loop reads;
+    /// anything else is left to it.
+    #[test]
+    fn the_usual_options_read_as_the_general_parser_reads_them() {
+        let words = [
+            "PX",
+            "px",
+            "EX",
+            "LIMIT",
+            "limit",
+            "PERMITS",
+            "BLOCK",
+            "0",
+            "1",
+            "5",
+            "-1",
+            "01",
+            "30000",
+            "4294967295",
+            "4294967296",
+            "9223372036854775807",
+            "",
+        ];
+        for a in words {
+            for b in words {
+                let general = options([a.as_bytes(), b.as_bytes()], Grammar::ACQUIRE, NOW);
+                match lease_alone(a.as_bytes(), b.as_bytes(), NOW) {
+                    Some(ms) => assert_eq!(
+                        general,
+                        Ok(Options {
+                            lease_ms: Some(ms),
+                            ..Options::default()
+                        }),
+                        "{a} {b}"
+                    ),
+                    None => assert!(
+                        !a.eq_ignore_ascii_case("PX") || general.is_err(),
+                        "{a} {b}: {general:?}"
+                    ),
+                }
+                for (c, d) in [("PX", "30000"), ("px", "0"), ("EX", "5"), (a, b)] {
+                    let four = [a, b, c, d].map(str::as_bytes);
+                    let general = options(four, Grammar::SEMAPHORE_ACQUIRE, NOW);
+                    match limit_and_lease(four, NOW) {
+                        Some((limit, ms)) => assert_eq!(
+                            general,
+                            Ok(Options {
+                                lease_ms: Some(ms),
+                                limit: Some(limit),
+                                ..Options::default()
+                            }),
+                            "{a} {b} {c} {d}"
+                        ),
+                        None => assert!(
+                            !(a.eq_ignore_ascii_case("LIMIT") && c.eq_ignore_ascii_case("PX"))
+                                || general.is_err(),
+                            "{a} {b} {c} {d}: {general:?}"
+                        ),
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -80,14 +80,20 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
         Err(e) => return e,
     };
     let now = now_ms();
-    let lease_alone = match argv[first_opt..] {
-        [name, value] if kind != Kind::Semaphore => {
-            args::lease_alone(arg_of(name), arg_of(value), now)
+    let usual = match (kind, &argv[first_opt..]) {
+        (Kind::Semaphore, &[a, b, c, d]) => {
+            let words = [arg_of(a), arg_of(b), arg_of(c), arg_of(d)];
+            args::limit_and_lease(words, now)
+                .map(|(limit, lease_ms)| (Mode::Permits { count: 1, limit }, lease_ms))
+        }
+        (Kind::Semaphore, _) => None,
+        (_, &[name, value]) => {
+            args::lease_alone(arg_of(name), arg_of(value), now).map(|lease_ms| (mode, lease_ms))
         }
         _ => None,
     };
-    let action = match lease_alone {
-        Some(lease_ms) => Action::Acquire {
+    let action = match usual {
+        Some((mode, lease_ms)) => Action::Acquire {
             owner,
             mode,
             lease_ms,
@@ -107,8 +113,9 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
     engine::acquire(ctx, argv[1], kind, action, now)
 }
 
-/// An acquire's options other than `PX ms` alone (`args::lease_alone`), out
-/// of the usual acquire's line of code.
+/// An acquire's options other than the usual ones (`PX ms`, a semaphore's
+/// `LIMIT n PX ms`: `args::lease_alone`, `args::limit_and_lease`), out of the
+/// usual acquire's line of code.
 #[inline(never)]
 fn acquire_options<'a>(
     ctx: *mut Ctx,
