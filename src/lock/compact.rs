@@ -268,7 +268,7 @@ fn canonical_u64(digits: &[u8]) -> Option<u64> {
         _ => return None,
     }
     digits.iter().try_fold(0u64, |n, &d| {
-        let d = d.is_ascii_digit().then_some(d - b'0')?;
+        let d = d.is_ascii_digit().then(|| d - b'0')?;
         n.checked_mul(10)?.checked_add(d.into())
     })
 }
