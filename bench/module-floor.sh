@@ -19,6 +19,10 @@
 # OTHER="a.so b.so" also times RLOCK.ACQUIRE of those builds (rlock.acquire@1,
 # @2, ...) in the same rounds: two builds compared on the same servers and
 # moments, which separate runs of this machine cannot do.
+# REPLICA=1 attaches a replica (a second redis-server with the same modules)
+# to each server before its round, so that every effect is built and sent:
+# the floor replicates nothing, so with a replica compare RLOCK.ACQUIRE with
+# SET NX PX and other builds, not with the floor.
 # Needs a C compiler (cargo's linker), redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,7 +92,7 @@ free_port() {
 
 # one <variant>: µs per call of the variant's command on a fresh server.
 one() {
-    local name=$1 port pid floor=$work/floor.so module=$so
+    local name=$1 port pid replica_port replica_pid floor=$work/floor.so module=$so
     case $name in
     floor.padlock+*) floor=$work/floor-pad${name#floor.padlock+}.so ;;
     rlock.acquire@*) module=$work/other${name#rlock.acquire@}.so ;;
@@ -98,6 +102,17 @@ one() {
         --loadmodule "$module" --loadmodule "$floor" > "$work/server.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    if [ -n "${REPLICA:-}" ]; then
+        replica_port=$(free_port)
+        redis-server --port "$replica_port" --bind 127.0.0.1 --save '' --appendonly no \
+            --replicaof 127.0.0.1 "$port" --loadmodule "$module" --loadmodule "$floor" \
+            > "$work/replica.log" 2>&1 &
+        replica_pid=$!
+        for _ in $(seq 1 200); do
+            redis-cli -p "$port" INFO replication | grep -q '^slave0:.*state=online' && break
+            sleep 0.05
+        done
+    fi
     redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
     redis-cli -p "$port" --pipe < "$work/$name.resp" >/dev/null
     redis-cli -p "$port" INFO commandstats | tr -d '\r' |
@@ -105,6 +120,10 @@ one() {
             if (v["calls"] + 0 > 0) printf "%.4f\n", v["usec"] / v["calls"] }'
     redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     wait "$pid" 2>/dev/null || true
+    if [ -n "${REPLICA:-}" ]; then
+        redis-cli -p "$replica_port" shutdown nosave >/dev/null 2>&1 || true
+        wait "$replica_pid" 2>/dev/null || true
+    fi
 }
 
 for r in $(seq 1 "$ROUNDS"); do
@@ -115,7 +134,7 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-echo "module: $so   calls per round: $N   rounds: $ROUNDS   (server µs per call, INFO commandstats)"
+echo "module: $so   calls per round: $N   rounds: $ROUNDS   replica: ${REPLICA:-no}   (server µs per call, INFO commandstats)"
 awk -v order="$variants" '
     function median(a, n,   i, j, t) {
         for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
