@@ -22,6 +22,7 @@
 //! a tick, not once a renewal (a fifth of a renewal's cost otherwise).
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -86,45 +87,64 @@ pub fn within<T>(
     if argv.is_null() {
         return f(args);
     }
-    let mut copy = [ptr::null_mut(); MAX_SLOTS];
-    copy[..argc].copy_from_slice(args);
-    f(&copy[..argc])
+    // Only the slots the command has are written (no zeroing of the rest).
+    let mut copy = [MaybeUninit::<*mut RStr>::uninit(); MAX_SLOTS];
+    // SAFETY: `argc <= MAX_SLOTS` slots copied from `args`, then read.
+    unsafe {
+        let copy = copy.as_mut_ptr().cast::<*mut RStr>();
+        ptr::copy_nonoverlapping(args.as_ptr(), copy, argc);
+        f(std::slice::from_raw_parts(copy, argc))
+    }
 }
 
 /// Propagates `delta`, the change just made to `keyname`.
 pub fn replicate(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
     let argv = ARGV.load(Ordering::Relaxed);
     let argc = ARGC.load(Ordering::Relaxed);
-    let in_place = ctx == CTX.load(Ordering::Relaxed) && argc >= 3 && !argv.is_null();
-    if !in_place && ctx == GATHERING.load(Ordering::Relaxed) {
-        gather(ctx, keyname, delta);
+    if ctx != CTX.load(Ordering::Relaxed) || argc < 3 || argv.is_null() {
+        replicate_apart(ctx, keyname, delta);
         return;
     }
-    if !in_place {
-        unsafe {
-            api!(RedisModule_Replicate)(
-                ctx,
-                delta::COMMAND.as_ptr(),
-                c"sb".as_ptr(),
-                keyname,
-                delta.as_ptr(),
-                delta.len(),
-            )
-        };
-        return;
-    }
-    // The slots as the client sent them, to be put back.
-    let slots = unsafe { std::slice::from_raw_parts_mut(argv, argc) };
-    let mut sent = [ptr::null_mut(); MAX_SLOTS];
-    sent[..argc].copy_from_slice(slots);
+    // The slots as the client sent them, to be put back (`within` keeps
+    // `argc <= MAX_SLOTS`).
+    let mut sent = [MaybeUninit::<*mut RStr>::uninit(); MAX_SLOTS];
+    let sent = sent.as_mut_ptr().cast::<*mut RStr>();
+    // SAFETY: `argv` holds `argc` slots of the running command; nothing else
+    // reads them until they are put back below.
+    let slots = unsafe {
+        ptr::copy_nonoverlapping(argv, sent, argc);
+        std::slice::from_raw_parts_mut(argv, argc)
+    };
     // The propagated copy holds its own reference to the delta's string.
     let blob = OwnedStr::new(delta);
     slots[0] = shared(&NAME, delta::COMMAND.to_bytes());
     slots[1] = keyname;
     slots[2] = blob.ptr();
     slots[3..].fill(shared(&EMPTY, b""));
-    unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
-    slots.copy_from_slice(&sent[..argc]);
+    unsafe {
+        api!(RedisModule_ReplicateVerbatim)(ctx);
+        ptr::copy_nonoverlapping(sent, argv, argc);
+    }
+}
+
+/// `replicate` outside a command's slots: gathered for a timer's batch, or
+/// through `RedisModule_Replicate`.
+#[inline(never)]
+fn replicate_apart(ctx: *mut Ctx, keyname: *mut RStr, delta: &[u8]) {
+    if ctx == GATHERING.load(Ordering::Relaxed) {
+        gather(ctx, keyname, delta);
+        return;
+    }
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx,
+            delta::COMMAND.as_ptr(),
+            c"sb".as_ptr(),
+            keyname,
+            delta.as_ptr(),
+            delta.len(),
+        )
+    };
 }
 
 fn shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
@@ -132,6 +152,12 @@ fn shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
     if !s.is_null() {
         return s;
     }
+    make_shared(cell, data)
+}
+
+#[cold]
+#[inline(never)]
+fn make_shared(cell: &AtomicPtr<RStr>, data: &[u8]) -> *mut RStr {
     let s = OwnedStr::new(data).leak();
     cell.store(s, Ordering::Relaxed);
     s

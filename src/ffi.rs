@@ -218,23 +218,42 @@ pub fn send(ctx: *mut Ctx, reply: &Reply) {
     }
 }
 
-/// Runs `f` with panics contained: no unwind may cross into Redis.
-pub fn contained<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
-    contained_or(what, || fallback, f)
+/// A block for `layout` (its alignment at most 16) from Redis's allocator,
+/// called directly: it is the module's global allocator, so `Box::from_raw`
+/// frees the block, but `Box::new` reaches it through `__rust_alloc`, its
+/// shim and the allocator's method, three calls where the first grant of a
+/// free key needs one.
+pub fn alloc_global(layout: std::alloc::Layout) -> *mut u8 {
+    debug_assert!(layout.align() <= 16 && layout.size() > 0);
+    #[cfg(not(test))]
+    let block = unsafe { api!(RedisModule_Alloc)(layout.size()) }.cast::<u8>();
+    #[cfg(test)]
+    let block = unsafe { std::alloc::alloc(layout) };
+    if block.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    block
 }
 
-/// `contained` with the fallback made only if `f` panicked (a command's
-/// error reply would otherwise be built and dropped on every call).
-pub fn contained_or<T>(what: &str, fallback: impl FnOnce() -> T, f: impl FnOnce() -> T) -> T {
+/// Runs `f` with panics contained: no unwind may cross into Redis. Inlined:
+/// every command runs in it, and catching costs nothing until a panic.
+#[inline]
+pub fn contained<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
-            log_warning(&format!(
-                "rlock: internal error in {what}; the operation was abandoned"
-            ));
-            fallback()
+            abandoned(what);
+            fallback
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn abandoned(what: &str) {
+    log_warning(&format!(
+        "rlock: internal error in {what}; the operation was abandoned"
+    ));
 }
 
 /// A server config's value as `CONFIG GET` gives it (None if unreadable).

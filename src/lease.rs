@@ -360,6 +360,11 @@ pub fn close_until_after(ctx: *mut Ctx, db: i32, key: &[u8], deadline: i64) {
     }
 }
 
+/// Whether any key is closed (`closed` can be true of some key).
+pub fn any_closed() -> bool {
+    ANY_CLOSED.load(Ordering::Relaxed)
+}
+
 /// Whether the absent key's last lease still runs at `now` (see
 /// `close_until_after`): a request must not be granted it yet.
 pub fn closed(db: i32, key: &[u8], now: i64) -> bool {

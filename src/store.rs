@@ -73,7 +73,11 @@ impl Stored {
 
     pub fn packed(c: Compact) -> Stored {
         stats::lock_made();
-        Stored(Box::into_raw(Box::new(c)).map_addr(|a| a | PACKED).cast())
+        let block =
+            crate::ffi::alloc_global(std::alloc::Layout::new::<Compact>()).cast::<Compact>();
+        // SAFETY: a fresh allocation of a `Compact`'s layout.
+        unsafe { block.write(c) };
+        Stored(block.map_addr(|a| a | PACKED).cast())
     }
 
     pub fn form(self) -> Form {
@@ -144,12 +148,19 @@ pub unsafe fn put(key: &Key, state: &mut LockState) -> Option<*mut LockState> {
     }
 }
 
-/// Stores a packed lock at an open key that holds no value.
+/// Stores a packed lock at an open key that holds no value, and returns it
+/// as stored (valid while the key holds it).
 ///
 /// # Safety
 /// `key` is open for writing and empty.
-pub unsafe fn put_packed(key: &Key, c: Compact) {
-    api!(RedisModule_ModuleTypeSetValue)(key.raw, lock_type(), Stored::packed(c).raw());
+#[inline(always)]
+pub unsafe fn put_packed(key: &Key, c: Compact) -> *const Compact {
+    let stored = Stored::packed(c);
+    api!(RedisModule_ModuleTypeSetValue)(key.raw, lock_type(), stored.raw());
+    match stored.form() {
+        Form::Packed(block) => block,
+        Form::Full(_) => unreachable!("a packed value"),
+    }
 }
 
 /// Writes a changed packed lock back: in its block when it still fits, else

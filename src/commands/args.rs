@@ -78,19 +78,9 @@ fn integer(arg: &[u8]) -> Option<i64> {
         [b'0'] if negative => return None,
         _ => {}
     }
-    // 19 digits fit a u64 unchecked (i64's limits have 19); the sign's range
-    // is checked once at the end, where i64::MIN has no positive twin.
-    if digits.len() > 19 {
-        return None;
-    }
-    let mut n: u64 = 0;
-    for &d in digits {
-        let d = d.wrapping_sub(b'0');
-        if d > 9 {
-            return None;
-        }
-        n = n * 10 + u64::from(d);
-    }
+    // The sign's range is checked once at the end, where i64::MIN has no
+    // positive twin.
+    let n = digits_u64(digits)?;
     match negative {
         false => i64::try_from(n).ok(),
         true if n <= i64::MIN.unsigned_abs() => Some((n as i64).wrapping_neg()),
@@ -179,7 +169,35 @@ pub fn lease_alone(name: &[u8], value: &[u8], now: i64) -> Option<i64> {
     if !name.eq_ignore_ascii_case(b"PX") {
         return None;
     }
-    integer(value).filter(|&ms| ms > 0 && ms <= max_duration(now))
+    plain_positive(value).filter(|&ms| ms <= max_duration(now))
+}
+
+/// A positive integer written as Redis writes one (no sign, no leading
+/// zero), or `None`: `integer` without its sign's branches, which every
+/// acquire's lease would run through.
+fn plain_positive(arg: &[u8]) -> Option<i64> {
+    match arg {
+        [b'1'..=b'9', ..] => i64::try_from(digits_u64(arg)?).ok(),
+        _ => None,
+    }
+}
+
+/// Up to 19 decimal digits (any more could overflow a u64; i64's limits
+/// have 19), read without overflow checks.
+#[inline(always)]
+fn digits_u64(digits: &[u8]) -> Option<u64> {
+    if digits.len() > 19 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        let d = d.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n = n * 10 + u64::from(d);
+    }
+    Some(n)
 }
 
 /// A semaphore's usual options, `LIMIT n PX ms`, read as `lease_alone` reads
@@ -318,6 +336,9 @@ mod tests {
             "4294967295",
             "4294967296",
             "9223372036854775807",
+            "9223372036854775808",
+            "1000000000000000000",
+            "+5",
             "",
         ];
         for a in words {

@@ -11,7 +11,7 @@ mod setstate;
 use std::os::raw::c_int;
 
 use crate::config;
-use crate::engine::{self, Action};
+use crate::engine::{self, Action, Request};
 use crate::ffi::{self, bytes, now_ms, Ctx, RStr, Reply};
 use crate::lock::{Kind, Mode};
 
@@ -74,34 +74,21 @@ fn permits(opts: &args::Options, acquire: bool) -> Result<Mode, &'static str> {
     Ok(Mode::Permits { count, limit })
 }
 
+/// Inlined into each family's command with its `kind`: the usual request's
+/// reading (`usual_request`) folds to that family's own few lines.
+#[inline(always)]
 pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
-    let (mode, owner, first_opt) = match mode_and_owner(argv, kind, true) {
-        Ok(v) => v,
-        Err(e) => return e,
-    };
     let now = now_ms();
-    let usual = match (kind, &argv[first_opt..]) {
-        (Kind::Semaphore, &[a, b, c, d]) => {
-            let words = [arg_of(a), arg_of(b), arg_of(c), arg_of(d)];
-            args::limit_and_lease(words, now)
-                .map(|(limit, lease_ms)| (Mode::Permits { count: 1, limit }, lease_ms))
-        }
-        (Kind::Semaphore, _) => None,
-        (_, &[name, value]) => {
-            args::lease_alone(arg_of(name), arg_of(value), now).map(|lease_ms| (mode, lease_ms))
-        }
-        _ => None,
-    };
-    let action = match usual {
-        Some((mode, lease_ms)) => Action::Acquire {
+    let request = match usual_request(argv, kind, now) {
+        Some((mode, owner, lease_ms)) => Request {
             owner,
             mode,
             lease_ms,
             block: None,
             keepalive: false,
         },
-        None => match acquire_options(ctx, argv, kind, (mode, owner, first_opt), now) {
-            Ok(action) => action,
+        None => match acquire_options(ctx, argv, kind, now) {
+            Ok(request) => request,
             Err(e) => return e,
         },
     };
@@ -110,20 +97,46 @@ pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
     if crate::min_replicas::refuses_writes() {
         return Reply::err(crate::min_replicas::NOREPLICAS_ERR);
     }
-    engine::acquire(ctx, argv[1], kind, action, now)
+    engine::acquire(ctx, argv[1], kind, request, now)
 }
 
-/// An acquire's options other than the usual ones (`PX ms`, a semaphore's
-/// `LIMIT n PX ms`: `args::lease_alone`, `args::limit_and_lease`), out of the
-/// usual acquire's line of code.
+/// The request of most acquisitions, read without the general parser:
+/// `key owner PX ms` (RWLOCK: `key READ|WRITE owner PX ms`; SEMAPHORE:
+/// `key owner LIMIT n PX ms`) with an owner that is not empty, as (mode,
+/// owner, lease). `None` for anything else, which `acquire_options` reads
+/// (and refuses, when it is wrong): the usual acquire's code stays short.
+#[inline(always)]
+fn usual_request<'a>(argv: &[*mut RStr], kind: Kind, now: i64) -> Option<(Mode, &'a [u8], i64)> {
+    let (mode, owner, lease_ms) = match (kind, argv) {
+        (Kind::Semaphore, &[_, _, owner, name, limit, px, ms]) => {
+            let words = [arg_of(name), arg_of(limit), arg_of(px), arg_of(ms)];
+            let (limit, lease_ms) = args::limit_and_lease(words, now)?;
+            (Mode::Permits { count: 1, limit }, owner, lease_ms)
+        }
+        (Kind::ReadWrite, &[_, _, mode, owner, px, ms]) => {
+            let mode = args::mode(arg_of(mode)).ok()?;
+            (mode, owner, args::lease_alone(arg_of(px), arg_of(ms), now)?)
+        }
+        (Kind::Reentrant | Kind::Fair, &[_, _, owner, px, ms]) => (
+            Mode::Write,
+            owner,
+            args::lease_alone(arg_of(px), arg_of(ms), now)?,
+        ),
+        _ => return None,
+    };
+    Some((mode, args::owner(arg_of(owner)).ok()?, lease_ms))
+}
+
+/// An acquire other than the usual one (`usual_request`): the general
+/// parser, out of the usual acquire's line of code.
 #[inline(never)]
 fn acquire_options<'a>(
     ctx: *mut Ctx,
     argv: &[*mut RStr],
     kind: Kind,
-    (mut mode, owner, first_opt): (Mode, &'a [u8], usize),
     now: i64,
-) -> Result<Action<'a>, Reply> {
+) -> Result<Request<'a>, Reply> {
+    let (mut mode, owner, first_opt) = mode_and_owner(argv, kind, true)?;
     let grammar = match kind {
         Kind::Semaphore => args::Grammar::SEMAPHORE_ACQUIRE,
         _ => args::Grammar::ACQUIRE,
@@ -135,7 +148,7 @@ fn acquire_options<'a>(
     if opts.keepalive && !keepalive_allowed(ctx) {
         return Err(Reply::err(KEEPALIVE_SCRIPT_ERR));
     }
-    Ok(Action::Acquire {
+    Ok(Request {
         owner,
         mode,
         lease_ms: opts.lease_ms.unwrap_or_else(config::default_lease_ms),
@@ -213,16 +226,25 @@ fn internal_error() -> Reply {
     Reply::err("ERR internal error")
 }
 
-/// Runs a handler with its panics contained and writes its reply.
+/// Runs a handler with its panics contained and writes its reply. Inlined
+/// into each command's entry point with its handler: a call through a
+/// pointer and two frames fewer on every command.
+#[inline(always)]
 pub fn run(
     ctx: *mut Ctx,
     argv: *mut *mut RStr,
     argc: c_int,
-    handler: fn(*mut Ctx, &[*mut RStr]) -> Reply,
+    handler: impl FnOnce(*mut Ctx, &[*mut RStr]) -> Reply,
 ) -> c_int {
-    let reply = ffi::contained_or("command", internal_error, || {
-        crate::effect::within(ctx, argv, argc, |args| handler(ctx, args))
+    // Replied from inside: a reply handed out of the closure is moved twice
+    // more on every command.
+    let replied = ffi::contained("command", false, || {
+        let reply = crate::effect::within(ctx, argv, argc, |args| handler(ctx, args));
+        ffi::send_owned(ctx, reply);
+        true
     });
-    ffi::send_owned(ctx, reply);
+    if !replied {
+        ffi::send_owned(ctx, internal_error());
+    }
     ffi::OK
 }

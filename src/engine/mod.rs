@@ -35,15 +35,7 @@ use crate::store::{self, Form, Stored};
 use crate::token;
 
 pub enum Action<'a> {
-    Acquire {
-        owner: &'a [u8],
-        mode: Mode,
-        lease_ms: i64,
-        /// `Some(ms)` parks the client when busy (0: no timeout).
-        block: Option<i64>,
-        /// Bind the holding to the calling connection (`keepalive`).
-        keepalive: bool,
-    },
+    Acquire(Request<'a>),
     Release {
         owner: &'a [u8],
         mode: Mode,
@@ -72,6 +64,18 @@ pub enum Action<'a> {
     },
 }
 
+/// What a client's acquire asks for.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    pub owner: &'a [u8],
+    pub mode: Mode,
+    pub lease_ms: i64,
+    /// `Some(ms)` parks the client when busy (0: no timeout).
+    pub block: Option<i64>,
+    /// Bind the holding to the calling connection (`keepalive`).
+    pub keepalive: bool,
+}
+
 impl Action<'_> {
     /// Effects from a master or the AOF: applied as they are, never decided here.
     fn replicated(&self) -> bool {
@@ -82,7 +86,7 @@ impl Action<'_> {
     fn requested(&self) -> bool {
         matches!(
             self,
-            Action::Acquire { .. }
+            Action::Acquire(_)
                 | Action::Release { .. }
                 | Action::Renew { .. }
                 | Action::ForceRelease
@@ -387,15 +391,29 @@ pub fn execute_at(
 
 /// An acquire by a client: on a free key the first grant, else the general
 /// path with the key as opened.
-pub fn acquire(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, action: Action, now: i64) -> Reply {
+pub fn acquire(ctx: *mut Ctx, keyname: *mut RStr, kind: Kind, request: Request, now: i64) -> Reply {
     if let Err(reply) = refuse_on_replica() {
         return reply;
     }
     let key = Key::open(ctx, keyname, true);
-    match first_grant(ctx, key, keyname, kind, &action, now) {
+    match first_grant(ctx, key, keyname, kind, &request, now) {
         Ok(reply) => reply,
-        Err(key) => execute_opened(ctx, key, keyname, Some(kind), action, now),
+        Err(key) => acquire_opened(ctx, key, keyname, kind, request, now),
     }
+}
+
+/// An acquire the first grant's path left to the general one: out of that
+/// path's line of code.
+#[inline(never)]
+fn acquire_opened(
+    ctx: *mut Ctx,
+    key: Key,
+    keyname: *mut RStr,
+    kind: Kind,
+    request: Request,
+    now: i64,
+) -> Reply {
+    execute_opened(ctx, key, keyname, Some(kind), Action::Acquire(request), now)
 }
 
 /// The rest of `execute_at` once the key is open (`wanted`: as `open` takes it).
@@ -422,10 +440,10 @@ fn execute_opened(
         o.expire_overdue(now);
     }
     let raised = match action {
-        Action::Acquire {
+        Action::Acquire(Request {
             mode: Mode::Permits { limit, .. },
             ..
-        } => o.put_limit(limit),
+        }) => o.put_limit(limit),
         _ => false,
     };
     let serve_first = matches!(action, Action::Serve) || o.state().is_free() || raised;
@@ -487,13 +505,13 @@ fn apply(ctx: *mut Ctx, o: &mut Opened, action: Action, now: i64) -> Reply {
     let state = o.slot.state();
     let change = &mut o.change;
     match action {
-        Action::Acquire {
+        Action::Acquire(Request {
             owner,
             mode,
             lease_ms,
             block,
             keepalive,
-        } => {
+        }) => {
             let granted = match o.admit(owner, mode, now) {
                 Admission::Upgrade => return Reply::err(err::UPGRADE),
                 Admission::Reentrant => true,
@@ -606,22 +624,23 @@ fn first_grant(
     key: Key,
     keyname: *mut RStr,
     kind: Kind,
-    action: &Action,
+    request: &Request,
     now: i64,
 ) -> Result<Reply, Key> {
-    let Action::Acquire {
+    let Request {
         owner,
         mode,
         lease_ms,
         keepalive,
         ..
-    } = *action
-    else {
+    } = *request;
+    if !key.is_empty() {
         return Err(key);
-    };
-    let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
-    let queued = blocking::any_queued() && blocking::with_queue(db, name, |_| ()).is_some();
-    if !key.is_empty() || queued || crate::lease::closed(db, name, now) {
+    }
+    // The key's name and database only when a queue or a closed key may be
+    // about it: two calls into Redis fewer on the usual first grant.
+    if (blocking::any_queued() || crate::lease::any_closed()) && waits_or_closed(ctx, keyname, now)
+    {
         return Err(key);
     }
     let deadline = now.saturating_add(lease_ms);
@@ -630,21 +649,71 @@ fn first_grant(
         return Err(key);
     };
     stats::bump(&stats::GRANTS, 1);
-    unsafe {
-        store::put_packed(&key, block);
+    let token = block.token();
+    // SAFETY: the key is open for writing and empty; the stored block lives
+    // as long as the key holds it, past this command.
+    let stored = unsafe {
+        let stored = &*store::put_packed(&key, block);
         api!(RedisModule_SetAbsExpire)(key.raw, deadline);
         api!(RedisModule_SignalModifiedKey)(ctx, keyname);
-    }
+        stored
+    };
     if keepalive {
-        crate::keepalive::bind(db, name, block.token(), client_id(ctx), lease_ms);
+        bind_first_grant(ctx, keyname, token, lease_ms);
     }
     if crate::role::propagates() {
-        let mut delta = Delta::recording(kind);
-        block.first_grant_steps(owner, mode, &mut delta);
-        crate::effect::replicate(ctx, keyname, delta.bytes());
+        replicate_first_grant(ctx, keyname, kind, stored, owner, mode);
     }
     notify::keyspace(ctx, kind, notify::Event::Acquire, keyname);
-    Ok(Reply::Int(block.token() as i64))
+    Ok(Reply::Int(token as i64))
+}
+
+/// The first grant's holding bound to the calling connection (`KEEPALIVE`).
+#[inline(never)]
+fn bind_first_grant(ctx: *mut Ctx, keyname: *mut RStr, token: u64, lease_ms: i64) {
+    let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
+    crate::keepalive::bind(db, name, token, client_id(ctx), lease_ms);
+}
+
+/// The first grant's effect, to replicas and the AOF, its delta in a buffer
+/// on the stack. Out of line: without either, the first grant's path goes
+/// straight on from here.
+#[inline(never)]
+fn replicate_first_grant(
+    ctx: *mut Ctx,
+    keyname: *mut RStr,
+    kind: Kind,
+    block: &Compact,
+    owner: &[u8],
+    mode: Mode,
+) {
+    let grant = (block, owner, mode);
+    // Never so of an owner a block holds: checked, not assumed.
+    if owner.len() > crate::lock::MAX_PACKED_OWNER {
+        return replicate_steps(ctx, keyname, grant, Delta::recording(kind));
+    }
+    let delta = Delta::<delta::Inline<{ crate::lock::FIRST_GRANT_DELTA }>>::inline(kind);
+    replicate_steps(ctx, keyname, grant, delta);
+}
+
+/// Records a first grant's steps in `delta` and propagates them.
+fn replicate_steps(
+    ctx: *mut Ctx,
+    keyname: *mut RStr,
+    (block, owner, mode): (&Compact, &[u8], Mode),
+    mut delta: Delta<impl delta::Sink>,
+) {
+    block.first_grant_steps(owner, mode, &mut delta);
+    crate::effect::replicate(ctx, keyname, delta.bytes());
+}
+
+/// Whether the absent `keyname` has waiters or is closed in its last lease's
+/// final millisecond: its first grant is then the general path's to decide.
+#[inline(never)]
+fn waits_or_closed(ctx: *mut Ctx, keyname: *mut RStr, now: i64) -> bool {
+    let (db, name) = (selected_db(ctx), unsafe { bytes(keyname) });
+    (blocking::any_queued() && blocking::with_queue(db, name, |_| ()).is_some())
+        || crate::lease::closed(db, name, now)
 }
 
 /// An acquire that must wait: the client is queued and parked if it asked to

@@ -9,6 +9,7 @@
 //! `first_grant` builds its block directly, and the tests hold it to
 //! `LockState::grant` followed by `pack`.
 
+use super::delta::Sink;
 use super::encoding::{self, Buf, Layout, OwnerField, Reader};
 use super::{Delta, Holder, Kind, LockState, Mode, Owner};
 
@@ -19,6 +20,12 @@ const UUID_THREAD: u8 = 0xFF;
 /// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`: where the dashes are.
 const DASHES: [usize; 4] = [8, 13, 18, 23];
 const UUID_LEN: usize = 36;
+/// The longest owner a block holds: a Redisson owner with a 20-digit thread id.
+pub const MAX_PACKED_OWNER: usize = UUID_LEN + 1 + 20;
+/// The most bytes a first grant's steps take (`first_grant_steps`): 33 for the
+/// delta's header, a semaphore's limit and a new holder with its permits,
+/// and the owner.
+pub const FIRST_GRANT_DELTA: usize = 33 + MAX_PACKED_OWNER;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +101,8 @@ impl Compact {
 
     /// The steps `LockState::grant` records for the first grant that made
     /// this lock (`first_grant` of `owner` and `mode`).
-    pub fn first_grant_steps(&self, owner: &[u8], mode: Mode, delta: &mut Delta) {
+    #[inline(always)]
+    pub fn first_grant_steps(&self, owner: &[u8], mode: Mode, delta: &mut Delta<impl Sink>) {
         if self.limit > 0 {
             delta.limit(self.limit.into());
         }
@@ -358,6 +366,7 @@ fn pack_owner(owner: &[u8]) -> Option<(u8, [u8; RAW_OWNER])> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::delta::Inline;
     use super::*;
 
     const UUID: &str = "0f3c2a9e-7b1d-4e5f-a6b7-c8d9e0f1a2b3";
@@ -521,6 +530,10 @@ mod tests {
                         let mut first_steps = Delta::recording(kind);
                         block.first_grant_steps(owner, mode, &mut first_steps);
                         assert_eq!(first_steps.bytes(), steps.bytes(), "{what}");
+                        // In a buffer of exactly the bound (more would panic).
+                        let mut on_stack = Delta::<Inline<FIRST_GRANT_DELTA>>::inline(kind);
+                        block.first_grant_steps(owner, mode, &mut on_stack);
+                        assert_eq!(on_stack.bytes(), steps.bytes(), "{what}");
                         assert_eq!(issued, 1, "{what}");
                         let none = Compact::first_grant(kind, owner, mode, deadline, || None);
                         assert_eq!(none, None, "{what}: no token left");

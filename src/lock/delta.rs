@@ -43,10 +43,61 @@ thread_local! {
     static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
+/// Where a delta's bytes are written.
+pub trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+    fn written(&self) -> &[u8];
+}
+
+/// A growing buffer taken from the thread's spare and given back to it.
+#[derive(Debug, Default)]
+pub struct Spare(Vec<u8>);
+
+impl Sink for Spare {
+    fn put(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+
+    fn written(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        if self.0.capacity() > 0 && self.0.capacity() <= SPARE_LIMIT {
+            SPARE.set(std::mem::take(&mut self.0));
+        }
+    }
+}
+
+/// `N` bytes on the stack, for a change whose delta has a bound below `N`
+/// (a first grant's: `Delta::inline`): no spare buffer to take and give back,
+/// which takes a thread-local's lookup on every change.
+#[derive(Debug)]
+pub struct Inline<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Sink for Inline<N> {
+    /// Panics past `N` bytes: `Delta::inline`'s callers keep within them.
+    #[inline(always)]
+    fn put(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        self.buf[self.len..end].copy_from_slice(bytes);
+        self.len = end;
+    }
+
+    fn written(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// Steps recorded by the state machine while it changes a lock.
 #[derive(Debug)]
-pub struct Delta {
-    buf: Vec<u8>,
+pub struct Delta<S: Sink = Spare> {
+    buf: S,
     recording: bool,
 }
 
@@ -55,50 +106,71 @@ impl Delta {
     pub fn recording(kind: Kind) -> Delta {
         let mut buf = SPARE.take();
         buf.clear();
-        buf.extend([VERSION, kind.code() as u8]);
+        Delta::started(Spare(buf), kind)
+    }
+
+    /// Records nothing (no replica or AOF would receive it, or a replay).
+    pub fn off() -> Delta {
+        Delta {
+            buf: Spare::default(),
+            recording: false,
+        }
+    }
+}
+
+impl<const N: usize> Delta<Inline<N>> {
+    /// Records the steps of a change to a lock of `kind` on the stack: for a
+    /// change whose steps take less than `N` bytes in all (the caller knows:
+    /// more panics).
+    pub fn inline(kind: Kind) -> Self {
+        let buf = Inline {
+            buf: [0; N],
+            len: 0,
+        };
+        Delta::started(buf, kind)
+    }
+}
+
+impl<S: Sink> Delta<S> {
+    #[inline(always)]
+    fn started(mut buf: S, kind: Kind) -> Self {
+        buf.put(&[VERSION, kind.code() as u8]);
         Delta {
             buf,
             recording: true,
         }
     }
 
-    /// Records nothing (no replica or AOF would receive it, or a replay).
-    pub fn off() -> Delta {
-        Delta {
-            buf: Vec::new(),
-            recording: false,
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
-        self.buf.len() <= 2
+        self.buf.written().len() <= 2
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.buf
+        self.buf.written()
     }
 
+    #[inline(always)]
     fn step(&mut self, tag: u8, mode: Option<Mode>, token: Option<u64>, deadline: Option<i64>) {
-        self.buf.push(tag);
+        self.buf.put(&[tag]);
         if let Some(m) = mode {
-            self.buf.push(mode_byte(m));
+            self.buf.put(&[mode_byte(m)]);
             if let Mode::Permits { count, .. } = m {
-                self.buf.extend(count.to_le_bytes());
+                self.buf.put(&count.to_le_bytes());
             }
         }
         if let Some(t) = token {
-            self.buf.extend(t.to_le_bytes());
+            self.buf.put(&t.to_le_bytes());
         }
         if let Some(d) = deadline {
-            self.buf.extend(d.to_le_bytes());
+            self.buf.put(&d.to_le_bytes());
         }
     }
 
     pub fn new_holder(&mut self, mode: Mode, token: u64, deadline: i64, owner: &[u8]) {
         if self.recording {
             self.step(b'N', Some(mode), Some(token), Some(deadline));
-            self.buf.extend((owner.len() as u32).to_le_bytes());
-            self.buf.extend_from_slice(owner);
+            self.buf.put(&(owner.len() as u32).to_le_bytes());
+            self.buf.put(owner);
         }
     }
 
@@ -135,7 +207,7 @@ impl Delta {
     pub fn limit(&mut self, limit: u32) {
         if self.recording {
             self.step(b'L', None, None, None);
-            self.buf.extend(limit.to_le_bytes());
+            self.buf.put(&limit.to_le_bytes());
         }
     }
 
@@ -143,7 +215,7 @@ impl Delta {
     pub fn lock(&mut self, encoded: &[u8]) {
         if self.recording {
             self.step(b'W', None, None, None);
-            self.buf.extend_from_slice(encoded);
+            self.buf.put(encoded);
         }
     }
 
@@ -152,18 +224,10 @@ impl Delta {
     pub fn whole(&mut self, h: &super::Holder) {
         if self.recording {
             self.step(b'S', None, Some(h.token), Some(h.deadline));
-            self.buf.extend(h.reads.to_le_bytes());
-            self.buf.extend(h.writes.to_le_bytes());
-            self.buf.extend((h.owner.len() as u32).to_le_bytes());
-            self.buf.extend_from_slice(&h.owner);
-        }
-    }
-}
-
-impl Drop for Delta {
-    fn drop(&mut self) {
-        if self.buf.capacity() > 0 && self.buf.capacity() <= SPARE_LIMIT {
-            SPARE.set(std::mem::take(&mut self.buf));
+            self.buf.put(&h.reads.to_le_bytes());
+            self.buf.put(&h.writes.to_le_bytes());
+            self.buf.put(&(h.owner.len() as u32).to_le_bytes());
+            self.buf.put(&h.owner);
         }
     }
 }

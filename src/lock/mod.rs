@@ -12,7 +12,7 @@ mod queue;
 mod state;
 mod waitfor;
 
-pub use compact::{decimal, Compact};
+pub use compact::{decimal, Compact, FIRST_GRANT_DELTA, MAX_PACKED_OWNER};
 pub use delta::{Delta, Op};
 pub use owner::Owner;
 pub use queue::{Served, WaitQueue, Waiter};
