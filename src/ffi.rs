@@ -36,6 +36,7 @@ pub fn micros() -> i64 {
 
 /// # Safety
 /// `s` must be a live module string; the slice must not outlive it.
+#[inline]
 pub unsafe fn bytes<'a>(s: *const RStr) -> &'a [u8] {
     let mut len = 0usize;
     let p = api!(RedisModule_StringPtrLen)(s, &mut len);

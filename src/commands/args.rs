@@ -95,9 +95,7 @@ fn max_duration(now: i64) -> i64 {
 
 /// A count of permits: a positive integer that fits 32 bits.
 fn positive_u32(arg: &[u8]) -> Option<u32> {
-    integer(arg)
-        .filter(|n| *n > 0)
-        .and_then(|n| u32::try_from(n).ok())
+    plain_positive(arg).and_then(|n| u32::try_from(n).ok())
 }
 
 /// Parses the option words `grammar` allows: `[PX ms | EX s]`, for an
@@ -202,6 +200,7 @@ fn digits_u64(digits: &[u8]) -> Option<u64> {
 
 /// A semaphore's usual options, `LIMIT n PX ms`, read as `lease_alone` reads
 /// `PX ms`: the limit and the lease, or `None` for anything else.
+#[inline]
 pub fn limit_and_lease(words: [&[u8]; 4], now: i64) -> Option<(u32, i64)> {
     let [name, limit, lease_name, lease] = words;
     if !name.eq_ignore_ascii_case(b"LIMIT") {
@@ -227,6 +226,7 @@ pub fn numkeys(arg: &[u8]) -> Option<usize> {
     integer(arg).filter(|n| *n > 0).map(|n| n as usize)
 }
 
+#[inline]
 pub fn mode(arg: &[u8]) -> Result<Mode, &'static str> {
     if arg.eq_ignore_ascii_case(b"READ") {
         Ok(Mode::Read)
@@ -403,7 +403,7 @@ mod tests {
                 .limit,
             Some(u32::MAX)
         );
-        for bad in ["0", "-1", "4294967296", "x", "1.5", ""] {
+        for bad in ["0", "-1", "-0", "+1", "01", "4294967296", "x", "1.5", ""] {
             assert_eq!(
                 sem(&["LIMIT", bad], Grammar::SEMAPHORE_ACQUIRE),
                 Err(LIMIT_ERR)
