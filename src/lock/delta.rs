@@ -71,8 +71,8 @@ impl Drop for Spare {
     }
 }
 
-/// `N` bytes on the stack, for a change whose delta has a bound below `N`
-/// (a first grant's: `Delta::inline`): no spare buffer to take and give back,
+/// `N` bytes on the stack, for a change whose delta takes at most `N` (a
+/// first grant's: `Delta::inline`): no spare buffer to take and give back,
 /// which takes a thread-local's lookup on every change.
 #[derive(Debug)]
 pub struct Inline<const N: usize> {
@@ -120,8 +120,8 @@ impl Delta {
 
 impl<const N: usize> Delta<Inline<N>> {
     /// Records the steps of a change to a lock of `kind` on the stack: for a
-    /// change whose steps take less than `N` bytes in all (the caller knows:
-    /// more panics).
+    /// change whose delta takes at most `N` bytes (the caller knows: more
+    /// panics).
     pub fn inline(kind: Kind) -> Self {
         let buf = Inline {
             buf: [0; N],
@@ -149,6 +149,8 @@ impl<S: Sink> Delta<S> {
         self.buf.written()
     }
 
+    /// Inlined: the first grant's effect runs two lines of code fewer so
+    /// (`AOF=1 bench/footprint.sh`: 60 against 62).
     #[inline(always)]
     fn step(&mut self, tag: u8, mode: Option<Mode>, token: Option<u64>, deadline: Option<i64>) {
         self.buf.put(&[tag]);
