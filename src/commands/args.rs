@@ -133,7 +133,7 @@ pub fn options<'a>(
             if opts.lease_ms.is_some() {
                 return Err(SYNTAX_ERR);
             }
-            let n = integer(value).filter(|n| *n > 0).ok_or(LEASE_ERR)?;
+            let n = plain_positive(value).ok_or(LEASE_ERR)?;
             let ms = if name.eq_ignore_ascii_case(b"EX") {
                 n.checked_mul(1000).ok_or(LEASE_ERR)?
             } else {
@@ -303,6 +303,8 @@ mod tests {
             "",
             "1.5",
             "+5",
+            "01",
+            "-0",
             "9223372036854775807",
             "99999999999999999999",
         ] {
