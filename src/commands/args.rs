@@ -88,6 +88,28 @@ fn integer(arg: &[u8]) -> Option<i64> {
     }
 }
 
+/// Whether `arg` is the option word `word` (ASCII letters) in any case. A
+/// letter and only its other case give the lower-case letter once the case
+/// bit (0x20) is set, so setting it on every byte and comparing is exact; a
+/// word of up to eight letters is compared as one integer (the usual
+/// acquire reads two or three words: `PX`, `LIMIT`, `READ`|`WRITE`).
+#[inline(always)]
+pub fn keyword(arg: &[u8], word: &[u8]) -> bool {
+    debug_assert!(word.iter().all(u8::is_ascii_alphabetic));
+    if arg.len() != word.len() {
+        return false;
+    }
+    if word.len() > 8 {
+        return arg.iter().zip(word).all(|(a, w)| a | 0x20 == w | 0x20);
+    }
+    let folded = |bytes: &[u8]| {
+        let mut eight = [0u8; 8];
+        eight[..bytes.len()].copy_from_slice(bytes);
+        u64::from_le_bytes(eight) | u64::from_le_bytes([0x20; 8])
+    };
+    folded(arg) == folded(word)
+}
+
 /// The largest duration whose deadline still fits a signed 64-bit ms clock.
 fn max_duration(now: i64) -> i64 {
     i64::MAX - now.max(0)
@@ -110,7 +132,7 @@ pub fn options<'a>(
     let mut opts = Options::default();
     let mut it = args.into_iter();
     while let Some(name) = it.next() {
-        if acquire && name.eq_ignore_ascii_case(b"KEEPALIVE") {
+        if acquire && keyword(name, b"KEEPALIVE") {
             if opts.keepalive {
                 return Err(SYNTAX_ERR);
             }
@@ -118,13 +140,13 @@ pub fn options<'a>(
             continue;
         }
         let value = it.next().ok_or(SYNTAX_ERR)?;
-        let lease = name.eq_ignore_ascii_case(b"PX") || name.eq_ignore_ascii_case(b"EX");
-        if grammar.limit && name.eq_ignore_ascii_case(b"LIMIT") {
+        let lease = keyword(name, b"PX") || keyword(name, b"EX");
+        if grammar.limit && keyword(name, b"LIMIT") {
             if opts.limit.is_some() {
                 return Err(SYNTAX_ERR);
             }
             opts.limit = Some(positive_u32(value).ok_or(LIMIT_ERR)?);
-        } else if grammar.permits && name.eq_ignore_ascii_case(b"PERMITS") {
+        } else if grammar.permits && keyword(name, b"PERMITS") {
             if opts.permits.is_some() {
                 return Err(SYNTAX_ERR);
             }
@@ -134,7 +156,7 @@ pub fn options<'a>(
                 return Err(SYNTAX_ERR);
             }
             let n = plain_positive(value).ok_or(LEASE_ERR)?;
-            let ms = if name.eq_ignore_ascii_case(b"EX") {
+            let ms = if keyword(name, b"EX") {
                 n.checked_mul(1000).ok_or(LEASE_ERR)?
             } else {
                 n
@@ -143,7 +165,7 @@ pub fn options<'a>(
                 return Err(LEASE_ERR);
             }
             opts.lease_ms = Some(ms);
-        } else if acquire && name.eq_ignore_ascii_case(b"BLOCK") {
+        } else if acquire && keyword(name, b"BLOCK") {
             if opts.block_ms.is_some() {
                 return Err(SYNTAX_ERR);
             }
@@ -164,7 +186,7 @@ pub fn options<'a>(
 /// the lease, or `None` for anything else, which `options` reads (and
 /// refuses, when it is wrong).
 pub fn lease_alone(name: &[u8], value: &[u8], now: i64) -> Option<i64> {
-    if !name.eq_ignore_ascii_case(b"PX") {
+    if !keyword(name, b"PX") {
         return None;
     }
     plain_positive(value).filter(|&ms| ms <= max_duration(now))
@@ -203,7 +225,7 @@ fn digits_u64(digits: &[u8]) -> Option<u64> {
 #[inline]
 pub fn limit_and_lease(words: [&[u8]; 4], now: i64) -> Option<(u32, i64)> {
     let [name, limit, lease_name, lease] = words;
-    if !name.eq_ignore_ascii_case(b"LIMIT") {
+    if !keyword(name, b"LIMIT") {
         return None;
     }
     Some((positive_u32(limit)?, lease_alone(lease_name, lease, now)?))
@@ -211,7 +233,7 @@ pub fn limit_and_lease(words: [&[u8]; 4], now: i64) -> Option<(u32, i64)> {
 
 /// `COUNT n` of `*.INFO`: how many readers or queued owners to list (n >= 0).
 pub fn count(word: &[u8], value: &[u8]) -> Result<usize, &'static str> {
-    if !word.eq_ignore_ascii_case(b"COUNT") {
+    if !keyword(word, b"COUNT") {
         return Err(SYNTAX_ERR);
     }
     integer(value)
@@ -228,9 +250,9 @@ pub fn numkeys(arg: &[u8]) -> Option<usize> {
 
 #[inline]
 pub fn mode(arg: &[u8]) -> Result<Mode, &'static str> {
-    if arg.eq_ignore_ascii_case(b"READ") {
+    if keyword(arg, b"READ") {
         Ok(Mode::Read)
-    } else if arg.eq_ignore_ascii_case(b"WRITE") {
+    } else if keyword(arg, b"WRITE") {
         Ok(Mode::Write)
     } else {
         Err(SYNTAX_ERR)
@@ -268,6 +290,48 @@ mod tests {
         );
         assert_eq!(parse(&["EX", "2"]).unwrap().lease_ms, Some(2000));
         assert_eq!(parse(&[]).unwrap(), Options::default());
+    }
+
+    /// `keyword` agrees with `eq_ignore_ascii_case` on every word the
+    /// commands take, with any one byte replaced by any other, and on words
+    /// one byte shorter or longer.
+    #[test]
+    fn keyword_is_case_insensitive_equality() {
+        let words: [&[u8]; 10] = [
+            b"PX",
+            b"EX",
+            b"LIMIT",
+            b"PERMITS",
+            b"BLOCK",
+            b"COUNT",
+            b"READ",
+            b"WRITE",
+            b"KEEPALIVE",
+            b"X",
+        ];
+        for word in words {
+            let lower = word.to_ascii_lowercase();
+            let mut mixed = word.to_vec();
+            mixed[0] = mixed[0].to_ascii_lowercase();
+            for same in [word, &lower, &mixed] {
+                assert!(keyword(same, word), "{:?}", String::from_utf8_lossy(same));
+            }
+            for at in 0..word.len() {
+                for byte in 0..=255u8 {
+                    let mut arg = word.to_vec();
+                    arg[at] = byte;
+                    assert_eq!(
+                        keyword(&arg, word),
+                        arg.eq_ignore_ascii_case(word),
+                        "{arg:?}"
+                    );
+                }
+            }
+            let mut longer = word.to_vec();
+            longer.push(word[0]);
+            assert!(!keyword(&longer, word) && !keyword(&word[1..], word));
+            assert!(!keyword(b"", word));
+        }
     }
 
     #[test]
