@@ -6,16 +6,23 @@
  *   FLOOR.LOCK key owner PX ms        -> 1 or 0
  *   FLOOR.TOKENLOCK key owner PX ms   -> a 19-digit token or 0
  *   FLOOR.PADLOCK key owner PX ms     -> as TOKENLOCK, after PAD_LINES lines of no-ops
+ *   FLOOR.REPLOCK key owner PX ms     -> as TOKENLOCK, and replicates what it stored
+ *   FLOOR.APPLY key value             -> (replication only) stores a REPLOCK's value
  *
  * Each opens the key, and if it is empty stores a 48-byte value (deadline,
  * token, up to 24 owner bytes: rlock's packed lock is also 48 bytes) and sets
  * the key's TTL to the deadline. Nothing else: no reentrancy, no queue, no
- * replication, no notification, no persistence (the type saves nothing).
+ * replication, no notification (the type saves and loads its 48 bytes as they are).
  * TOKENLOCK replies with a fencing-token-sized integer as RLOCK.ACQUIRE does;
  * LOCK replies with Redis's shared `:1`. PADLOCK first runs through
  * PAD_LINES 64-byte lines of no-op instructions (a compile-time count, 0 by
  * default): the same call with more code to fetch and nothing more to do, which
- * tells what a command's code footprint alone costs.
+ * tells what a command's code footprint alone costs. REPLOCK is the least a
+ * module can do to replicate a lock deterministically (the token and the
+ * absolute deadline, not the command): the stored value as one string in
+ * `FLOOR.APPLY key value`, propagated in the command's own argument vector by
+ * RedisModule_ReplicateVerbatim (its slots swapped for the call and put back),
+ * the cheapest route the module API has and the one rlock takes.
  *
  * A measuring tool, not part of rlock. Built by bench/module-floor.sh.
  */
@@ -41,21 +48,31 @@ typedef struct {
 static RedisModuleType *floor_type;
 static uint64_t last_token = 1760000000000000000ULL;
 
+/* Saved and loaded whole, so that a replica can sync while locks exist. */
 static void *floor_rdb_load(RedisModuleIO *io, int encver) {
-    (void)io;
     (void)encver;
-    return NULL;
+    size_t len;
+    char *bytes = RedisModule_LoadStringBuffer(io, &len);
+    if (bytes == NULL || len != sizeof(FloorLock)) {
+        if (bytes) RedisModule_Free(bytes);
+        return NULL;
+    }
+    FloorLock *lock = RedisModule_Alloc(sizeof(*lock));
+    memcpy(lock, bytes, sizeof(*lock));
+    RedisModule_Free(bytes);
+    return lock;
 }
 
 static void floor_rdb_save(RedisModuleIO *io, void *value) {
-    (void)io;
-    (void)value;
+    RedisModule_SaveStringBuffer(io, value, sizeof(FloorLock));
 }
 
 static void floor_free(void *value) { RedisModule_Free(value); }
 
-/* 0 when stored, 1 when the key was taken, -1 after replying an error. */
-static int floor_take(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, uint64_t token) {
+/* 0 when stored (the value in *stored), 1 when the key was taken, -1 after
+ * replying an error. */
+static int floor_take(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, uint64_t token,
+                      FloorLock **stored) {
     if (argc != 5) {
         RedisModule_WrongArity(ctx);
         return -1;
@@ -83,18 +100,59 @@ static int floor_take(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, u
     RedisModule_ModuleTypeSetValue(key, floor_type, lock);
     RedisModule_SetAbsExpire(key, lock->deadline);
     RedisModule_CloseKey(key);
+    *stored = lock;
     return 0;
 }
 
+static RedisModuleString *apply_name, *empty;
+
+static int floor_rep_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    uint64_t token = last_token + 1;
+    FloorLock *lock;
+    int taken = floor_take(ctx, argv, argc, token, &lock);
+    if (taken < 0) return REDISMODULE_OK;
+    if (!taken) {
+        last_token = token;
+        RedisModuleString *value = RedisModule_CreateString(ctx, (const char *)lock, sizeof(*lock));
+        RedisModuleString *sent[5] = {argv[0], argv[2], argv[3], argv[4], NULL};
+        argv[0] = apply_name;
+        argv[2] = value;
+        argv[3] = argv[4] = empty;
+        RedisModule_ReplicateVerbatim(ctx);
+        argv[0] = sent[0];
+        argv[2] = sent[1];
+        argv[3] = sent[2];
+        argv[4] = sent[3];
+        RedisModule_FreeString(ctx, value);
+    }
+    return RedisModule_ReplyWithLongLong(ctx, taken ? 0 : (long long)token);
+}
+
+/* Run by the replica: FLOOR.APPLY key value [ignored ...]. */
+static int floor_apply(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    size_t len;
+    const char *bytes = argc >= 3 ? RedisModule_StringPtrLen(argv[2], &len) : NULL;
+    if (bytes == NULL || len != sizeof(FloorLock)) return RedisModule_ReplyWithError(ctx, "ERR bad value");
+    RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    FloorLock *lock = RedisModule_Alloc(sizeof(*lock));
+    memcpy(lock, bytes, sizeof(*lock));
+    RedisModule_ModuleTypeSetValue(key, floor_type, lock);
+    RedisModule_SetAbsExpire(key, lock->deadline);
+    RedisModule_CloseKey(key);
+    return RedisModule_ReplyWithLongLong(ctx, 1);
+}
+
 static int floor_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    int taken = floor_take(ctx, argv, argc, 0);
+    FloorLock *lock;
+    int taken = floor_take(ctx, argv, argc, 0, &lock);
     if (taken < 0) return REDISMODULE_OK;
     return RedisModule_ReplyWithLongLong(ctx, taken ? 0 : 1);
 }
 
 static int floor_token_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     uint64_t token = last_token + 1;
-    int taken = floor_take(ctx, argv, argc, token);
+    FloorLock *lock;
+    int taken = floor_take(ctx, argv, argc, token, &lock);
     if (taken < 0) return REDISMODULE_OK;
     if (!taken) last_token = token;
     return RedisModule_ReplyWithLongLong(ctx, taken ? 0 : (long long)token);
@@ -128,7 +186,13 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         RedisModule_CreateCommand(ctx, "floor.tokenlock", floor_token_lock, "write deny-oom fast", 1,
                                   1, 1) == REDISMODULE_ERR ||
         RedisModule_CreateCommand(ctx, "floor.padlock", floor_pad_lock, "write deny-oom fast", 1, 1,
-                                  1) == REDISMODULE_ERR)
+                                  1) == REDISMODULE_ERR ||
+        RedisModule_CreateCommand(ctx, "floor.replock", floor_rep_lock, "write deny-oom fast", 1, 1,
+                                  1) == REDISMODULE_ERR ||
+        RedisModule_CreateCommand(ctx, "floor.apply", floor_apply, "write deny-oom fast", 1, 1, 1) ==
+            REDISMODULE_ERR)
         return REDISMODULE_ERR;
+    apply_name = RedisModule_CreateString(NULL, "FLOOR.APPLY", 11);
+    empty = RedisModule_CreateString(NULL, "", 0);
     return REDISMODULE_OK;
 }

@@ -20,9 +20,9 @@
 # @2, ...) in the same rounds: two builds compared on the same servers and
 # moments, which separate runs of this machine cannot do.
 # REPLICA=1 attaches a replica (a second redis-server with the same modules)
-# to each server before its round, so that every effect is built and sent:
-# the floor replicates nothing, so with a replica compare RLOCK.ACQUIRE with
-# SET NX PX and other builds, not with the floor.
+# to each server before its round, so that every effect is built and sent,
+# and adds FLOOR.REPLOCK, the C lock that also replicates what it stored (the
+# least a module can replicate; FLOOR.LOCK and TOKENLOCK send nothing).
 # Needs a C compiler (cargo's linker), redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +67,10 @@ resp floor.lock FLOOR.LOCK KEY OWNER PX 30000
 resp floor.tokenlock FLOOR.TOKENLOCK KEY OWNER PX 30000
 resp rlock.acquire RLOCK.ACQUIRE KEY OWNER PX 30000
 variants="set floor.lock floor.tokenlock rlock.acquire"
+if [ -n "${REPLICA:-}" ]; then
+    resp floor.replock FLOOR.REPLOCK KEY OWNER PX 30000
+    variants="$variants floor.replock"
+fi
 n_other=0
 for other in ${OTHER:-}; do
     n_other=$((n_other + 1))
