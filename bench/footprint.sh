@@ -17,7 +17,10 @@
 # instructions ran on at least half of the N calls. TOP=k also lists the k
 # module functions with the most instructions on those lines. AOF=1 runs the
 # servers with the AOF on (appendfsync no), so that every command's effect is
-# built and propagated, as with a replica attached. Needs valgrind,
+# built and propagated, as with a replica attached. CMD="..." counts another
+# command in RLOCK.ACQUIRE's place, KEY and OWNER standing for a fresh key and
+# the owner (e.g. CMD="SEMAPHORE.ACQUIRE KEY OWNER LIMIT 5 PX 3600000", or
+# CMD="FLOOR.REPLOCK KEY OWNER PX 3600000" with AOF=1). Needs valgrind,
 # python3, objdump, a C compiler, redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,13 +82,14 @@ count() {
 
 count set "SET KEY OWNER NX PX 3600000"
 count floor "FLOOR.TOKENLOCK KEY OWNER PX 3600000"
-count rlock "RLOCK.ACQUIRE KEY OWNER PX 3600000"
+cmd=${CMD:-RLOCK.ACQUIRE KEY OWNER PX 3600000}
+count rlock "$cmd"
 
 echo "module: $so   calls: $N   AOF: $aof   (64-byte lines of code executed on at least half of the calls)"
-python3 - "$N" "${TOP:-0}" "$work" "$(readlink -f "$(command -v redis-server)")" <<'EOF'
+python3 - "$N" "${TOP:-0}" "$work" "$(readlink -f "$(command -v redis-server)")" "${cmd%% *}" "$so" <<'EOF'
 import collections, re, subprocess, sys
 
-calls, top, work, server = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+calls, top, work, server, command, so = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
 
 
 def object_name(ob):
@@ -127,7 +131,7 @@ def instruction_sizes(obj):
     return {a: b - a for a, b in zip(starts, starts[1:])}
 
 
-for name, label in [("set", "SET NX PX"), ("floor", "C module floor"), ("rlock", "RLOCK.ACQUIRE")]:
+for name, label in [("set", "SET NX PX"), ("floor", "C module floor"), ("rlock", command)]:
     hot = hot_instructions(f"{work}/{name}.out")
     lines = collections.defaultdict(set)
     for ob, address in hot:
@@ -136,17 +140,17 @@ for name, label in [("set", "SET NX PX"), ("floor", "C module floor"), ("rlock",
     by_object = ", ".join(
         f"{object_name(ob)} {len(s)}" for ob, s in sorted(lines.items(), key=lambda x: -len(x[1]))
     )
-    print(f"{label:16} {total:4} lines ({total * 64 / 1024:.1f} KB): {by_object}")
-    module = [(ob, a) for ob, a in hot if ob and ob.endswith("librlock.so")]
+    print(f"{label:18} {total:4} lines ({total * 64 / 1024:.1f} KB): {by_object}")
+    module = [(ob, a) for ob, a in hot if ob == so]
     if module:
         sizes = instruction_sizes(module[0][0])
         size = sum(sizes.get(a, 4) for _, a in module)
-        print(f"{'':16} librlock.so: {len(module)} instructions, {size} bytes, "
+        print(f"{'':18} {so.rsplit('/', 1)[-1]}: {len(module)} instructions, {size} bytes, "
               f"{len({a >> 6 for _, a in module})} lines (packed: {-(-size // 64)})")
         per_function = collections.defaultdict(list)
         for ob, a in module:
             per_function[hot[ob, a]].append(a)
         heaviest = sorted(per_function.items(), key=lambda x: -len(x[1]))[:top]
         for fn, addresses in heaviest:
-            print(f"{'':18} {len(addresses):4} instructions {len({a >> 6 for a in addresses}):3} lines  {fn[:90]}")
+            print(f"{'':20} {len(addresses):4} instructions {len({a >> 6 for a in addresses}):3} lines  {fn[:90]}")
 EOF
