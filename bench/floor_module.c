@@ -12,7 +12,8 @@
  * Each opens the key, and if it is empty stores a 48-byte value (deadline,
  * token, up to 24 owner bytes: rlock's packed lock is also 48 bytes) and sets
  * the key's TTL to the deadline. Nothing else: no reentrancy, no queue, no
- * replication, no notification (the type saves and loads its 48 bytes as they are).
+ * notification, no replication but REPLOCK's (the type saves and loads its 48
+ * bytes as they are).
  * TOKENLOCK replies with a fencing-token-sized integer as RLOCK.ACQUIRE does;
  * LOCK replies with Redis's shared `:1`. PADLOCK first runs through
  * PAD_LINES 64-byte lines of no-op instructions (a compile-time count, 0 by
@@ -114,7 +115,7 @@ static int floor_rep_lock(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     if (!taken) {
         last_token = token;
         RedisModuleString *value = RedisModule_CreateString(ctx, (const char *)lock, sizeof(*lock));
-        RedisModuleString *sent[5] = {argv[0], argv[2], argv[3], argv[4], NULL};
+        RedisModuleString *sent[4] = {argv[0], argv[2], argv[3], argv[4]};
         argv[0] = apply_name;
         argv[2] = value;
         argv[3] = argv[4] = empty;
