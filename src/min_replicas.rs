@@ -55,9 +55,14 @@ static STALL_WOKE: AtomicI64 = AtomicI64::new(0);
 /// `FRESH_MS` old; an older one (the server was frozen or busy) is recomputed
 /// on the spot.
 pub fn refuses_writes() -> bool {
-    if !is_master() || !configured() {
-        return false;
-    }
+    is_master() && configured() && judged_refusing()
+}
+
+/// `refuses_writes` once min-replicas-to-write is on: out of the line of
+/// code of every write, which runs where it is off.
+#[cold]
+#[inline(never)]
+fn judged_refusing() -> bool {
     let now = crate::ffi::now_ms();
     let at = VERDICT_AT.load(Ordering::Relaxed);
     if at != 0 && now >= at && now - at <= FRESH_MS {

@@ -79,19 +79,22 @@ fn permits(opts: &args::Options, acquire: bool) -> Result<Mode, &'static str> {
 #[inline(always)]
 pub fn acquire(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind) -> Reply {
     let now = now_ms();
-    let request = match usual_request(argv, kind, now) {
-        Some((mode, owner, lease_ms)) => Request {
-            owner,
-            mode,
-            lease_ms,
-            block: None,
-            keepalive: false,
-        },
-        None => match acquire_options(ctx, argv, kind, now) {
-            Ok(request) => request,
-            Err(e) => return e,
-        },
+    let Some((mode, owner, lease_ms)) = usual_request(argv, kind, now) else {
+        return acquire_with_options(ctx, argv, kind, now);
     };
+    let request = Request {
+        owner,
+        mode,
+        lease_ms,
+        block: None,
+        keepalive: false,
+    };
+    submit(ctx, argv, kind, request, now)
+}
+
+/// The request, read, goes to the engine.
+#[inline(always)]
+fn submit(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind, request: Request, now: i64) -> Reply {
     // Redis admitted this write, but its count of good replicas can be a
     // second stale after the server was frozen: no new holder then.
     if crate::min_replicas::refuses_writes() {
@@ -127,9 +130,19 @@ fn usual_request<'a>(argv: &[*mut RStr], kind: Kind, now: i64) -> Option<(Mode, 
     Some((mode, args::owner(arg_of(owner)).ok()?, lease_ms))
 }
 
-/// An acquire other than the usual one (`usual_request`): the general
-/// parser, out of the usual acquire's line of code.
+/// An acquire other than the usual one (`usual_request`): read by the
+/// general parser, then submitted, all of it after the usual acquire's line
+/// of code (cold: placed apart, not slower).
+#[cold]
 #[inline(never)]
+fn acquire_with_options(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind, now: i64) -> Reply {
+    match acquire_options(ctx, argv, kind, now) {
+        Ok(request) => submit(ctx, argv, kind, request, now),
+        Err(reply) => reply,
+    }
+}
+
+/// The general parser's reading of an acquire.
 fn acquire_options<'a>(
     ctx: *mut Ctx,
     argv: &[*mut RStr],
