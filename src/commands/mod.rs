@@ -132,7 +132,7 @@ fn usual_request<'a>(argv: &[*mut RStr], kind: Kind, now: i64) -> Option<(Mode, 
 
 /// An acquire other than the usual one (`usual_request`): read by the
 /// general parser, then submitted, all of it after the usual acquire's line
-/// of code (cold: placed apart, not slower).
+/// of code (cold: placed apart from it).
 #[cold]
 #[inline(never)]
 fn acquire_with_options(ctx: *mut Ctx, argv: &[*mut RStr], kind: Kind, now: i64) -> Reply {
