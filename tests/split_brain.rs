@@ -419,10 +419,17 @@ fn frozen_master_deposed_in_split_brain_hands_nothing_over_when_it_wakes() {
             .cmd("DEBUG")
             .arg("SLEEP")
             .arg("3")
+            // The usual acquire's shape, then one the general parser reads:
+            // both go through the module's own check.
+            .cmd("RLOCK.ACQUIRE")
+            .arg("usual")
+            .arg("x")
+            .arg("PX")
+            .arg("60000")
             .cmd("RLOCK.ACQUIRE")
             .arg("free")
             .arg("x")
-            .query::<((), i64)>(&mut sleeper)
+            .query::<((), i64, i64)>(&mut sleeper)
     });
     sleep(Duration::from_millis(300));
     let mut r = replica.client();
@@ -436,7 +443,7 @@ fn frozen_master_deposed_in_split_brain_hands_nothing_over_when_it_wakes() {
     let (reply, _, _) = w.join().unwrap();
     assert_eq!(reply, Value::Nil, "the deposed master handed the lock over");
     assert_eq!(owner_of(&mut m, "RLOCK.INFO", "k"), None);
-    assert_eq!(int(&mut m, &["EXISTS", "free"]), 0);
+    assert_eq!(int(&mut m, &["EXISTS", "free", "usual"]), 0);
 }
 
 #[test]

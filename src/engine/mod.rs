@@ -688,7 +688,8 @@ fn replicate_first_grant(
     mode: Mode,
 ) {
     let grant = (block, owner, mode);
-    // Never so of an owner a block holds: checked, not assumed.
+    // A block never holds a longer owner (`MAX_PACKED_OWNER`): checked here,
+    // not assumed, since the stack buffer panics past its size.
     if owner.len() > crate::lock::MAX_PACKED_OWNER {
         return replicate_steps(ctx, keyname, grant, Delta::recording(kind));
     }
