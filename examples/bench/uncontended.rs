@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::locks::{owner, Lock, Scripts};
+use crate::locks::{owner, Impl, Lock, Scripts};
 use crate::server::Server;
 use crate::{Env, Gate};
 
@@ -22,6 +22,11 @@ pub struct CallCost {
     /// own propagation after the timed part; this counts both sides' whole work.
     pub acquire_cpu_us: Vec<f64>,
     pub release_cpu_us: Vec<f64>,
+    /// A native lock against the floor on the lock's own server, in turns
+    /// (`Turns`): per round, the lock's µs per call over the floor's
+    /// in the same turns. Empty for the floor and the Lua locks.
+    pub paired_acquire: Vec<f64>,
+    pub paired_release: Vec<f64>,
 }
 
 /// Median over rounds of `a`'s time / `b`'s time in the same round (the rounds
@@ -41,6 +46,13 @@ impl CallCost {
     }
     pub fn acquire_cpu_ratio(&self, other: &CallCost) -> f64 {
         ratio(&self.acquire_cpu_us, &other.acquire_cpu_us)
+    }
+    /// Against the floor on the same server, in turns: the targets' ratio.
+    pub fn paired_acquire_ratio(&self) -> f64 {
+        median(&self.paired_acquire)
+    }
+    pub fn paired_release_ratio(&self) -> f64 {
+        median(&self.paired_release)
     }
     pub fn acquire(&self) -> f64 {
         median(&self.acquire_us)
@@ -129,9 +141,19 @@ pub fn start_servers(env: &Env, lock: Lock) -> (Server, Option<Server>) {
     (srv, replica)
 }
 
-/// Server time per call of one lock's acquire and release, on a fresh server:
-/// (acquire, release) by `INFO commandstats` and by main-thread CPU.
-fn one_round(env: &Env, lock: Lock, calls: usize) -> ((f64, f64), (f64, f64)) {
+/// One round of a lock on a fresh server.
+struct Round {
+    /// (acquire, release) µs per call by `INFO commandstats`.
+    us: (f64, f64),
+    /// The same by main-thread CPU.
+    cpu: (f64, f64),
+    /// For a native lock, (acquire, release) over the floor's in turns.
+    paired: Option<(f64, f64)>,
+}
+
+/// Server time per call of one lock's acquire and release, on a fresh server;
+/// then, for a native lock, the same calls again in turns with the floor's.
+fn one_round(env: &Env, lock: Lock, calls: usize) -> Round {
     let (srv, replica) = start_servers(env, lock);
     let mut c = srv.conn();
     env.scripts.load(&mut c);
@@ -168,7 +190,66 @@ fn one_round(env: &Env, lock: Lock, calls: usize) -> ((f64, f64), (f64, f64)) {
     release_all(&mut c, &env.scripts, lock, &keys, &who, 500);
     let release_cpu = cpu_per_call(cpu);
     let release = per_call(lock.release_stat());
-    ((acquire, release), (acquire_cpu, release_cpu))
+    let paired = (lock.imp == Impl::Native).then(|| {
+        let floor = Lock {
+            aof: lock.aof,
+            replica: lock.replica,
+            ..crate::FLOOR
+        };
+        let turns = Turns {
+            pair: [
+                (lock, key_list("l:", calls)),
+                (floor, key_list("f:", calls)),
+            ],
+            who: &who,
+        };
+        let stat_ratio = |stats: [&str; 2]| per_call(stats[0]) / per_call(stats[1]);
+        srv.reset_stats(&mut c);
+        turns.run(&mut c, &env.scripts, acquire_all);
+        let acquire = stat_ratio([lock.acquire_stat(), floor.acquire_stat()]);
+        srv.reset_stats(&mut c);
+        turns.run(&mut c, &env.scripts, |c, s, l, k, w, _, b| {
+            release_all(c, s, l, k, w, b)
+        });
+        (
+            acquire,
+            stat_ratio([lock.release_stat(), floor.release_stat()]),
+        )
+    });
+    Round {
+        us: (acquire, release),
+        cpu: (acquire_cpu, release_cpu),
+        paired,
+    }
+}
+
+fn key_list(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| key(prefix, i)).collect()
+}
+
+/// A native lock and the floor on one server, their calls in turns of
+/// `TURN` each: the two share every moment of the server, which a floor
+/// timed on a server of its own seconds apart does not (this machine moves a
+/// server's speed from one to the next by more than the ratios differ).
+/// Two commands only: each more on the server would share its caches with
+/// more code, which moves every ratio.
+struct Turns<'a> {
+    pair: [(Lock, Vec<String>); 2],
+    who: &'a str,
+}
+
+type Batch = fn(&mut crate::resp::Conn, &Scripts, Lock, &[String], &str, u64, usize);
+
+impl Turns<'_> {
+    const TURN: usize = 500;
+
+    fn run(&self, c: &mut crate::resp::Conn, s: &Scripts, batch: Batch) {
+        let [(a, a_keys), (b, b_keys)] = &self.pair;
+        for (ka, kb) in a_keys.chunks(Self::TURN).zip(b_keys.chunks(Self::TURN)) {
+            batch(c, s, *a, ka, self.who, LEASE_MS, Self::TURN);
+            batch(c, s, *b, kb, self.who, LEASE_MS, Self::TURN);
+        }
+    }
 }
 
 /// Rounds are interleaved across locks so that a drift in background load
@@ -182,13 +263,22 @@ pub fn call_costs(env: &Env, locks: &[Lock]) -> Vec<CallCost> {
             release_us: vec![],
             acquire_cpu_us: vec![],
             release_cpu_us: vec![],
+            paired_acquire: vec![],
+            paired_release: vec![],
         })
         .collect();
     for round in 0..env.cfg.cost_rounds {
         for cc in out.iter_mut() {
-            let ((a, r), (ac, rc)) = one_round(env, cc.lock, env.cfg.cost_calls);
+            let Round {
+                us: (a, r),
+                cpu: (ac, rc),
+                paired,
+            } = one_round(env, cc.lock, env.cfg.cost_calls);
+            let in_turns = paired.map_or(String::new(), |(pa, pr)| {
+                format!("  in turns with the floor {pa:.2}x / {pr:.2}x")
+            });
             crate::progress(&format!(
-                "  round {} {:<44} acquire {a:6.2} us  release {r:6.2} us  (main-thread CPU {ac:6.2} / {rc:6.2} us)",
+                "  round {} {:<44} acquire {a:6.2} us  release {r:6.2} us  (main-thread CPU {ac:6.2} / {rc:6.2} us){in_turns}",
                 round + 1,
                 cc.lock.label()
             ));
@@ -196,6 +286,10 @@ pub fn call_costs(env: &Env, locks: &[Lock]) -> Vec<CallCost> {
             cc.release_us.push(r);
             cc.acquire_cpu_us.push(ac);
             cc.release_cpu_us.push(rc);
+            if let Some((pa, pr)) = paired {
+                cc.paired_acquire.push(pa);
+                cc.paired_release.push(pr);
+            }
         }
     }
     out
