@@ -45,18 +45,8 @@ owner=6f1c2a4e-8b1d-4e55-9a7c-3d2f1b0e9a11:1
 
 # RESP commands as a client sends them, keys <prefix>:<n>.
 commands() {
-    awk -v n="$1" -v prefix="$2" -v owner="$owner" -v words="$3" 'BEGIN {
-        k = split(words, w, " ")
-        for (i = 0; i < n; i++) {
-            printf "*%d\r\n", k
-            for (j = 1; j <= k; j++) {
-                a = w[j]
-                if (a == "KEY") a = sprintf("%s:%08d", prefix, i)
-                else if (a == "OWNER") a = owner
-                printf "$%d\r\n%s\r\n", length(a), a
-            }
-        }
-    }'
+    awk -v n="$1" -v prefix="$2" -v owner="$owner" -v words="$3" -f bench/resp.awk -f <(echo '
+        BEGIN { for (i = 0; i < n; i++) resp(words, sprintf("%s:%08d", prefix, i)) }')
 }
 
 # count <name> <command words>: one server, one dump in $work/<name>.

@@ -56,23 +56,13 @@ owner=6f1c2a4e-8b1d-4e55-9a7c-3d2f1b0e9a11:1
 resp() {
     local file=$1
     shift
-    printf '%s\n' "$@" | awk -v n="$N" -v chunk="$CHUNK" -v owner="$owner" '
+    printf '%s\n' "$@" | awk -v n="$N" -v chunk="$CHUNK" -v owner="$owner" -f bench/resp.awk -f <(echo '
         { words[NR] = $0 }
         END {
             for (s = 0; s < n; s += chunk)
-                for (v = 1; v <= NR; v++) {
-                    k = split(words[v], w, " ")
-                    for (i = s; i < s + chunk && i < n; i++) {
-                        printf "*%d\r\n", k
-                        for (j = 1; j <= k; j++) {
-                            a = w[j]
-                            if (a == "KEY") a = sprintf("v%d:%08d", v, i)
-                            else if (a == "OWNER") a = owner
-                            printf "$%d\r\n%s\r\n", length(a), a
-                        }
-                    }
-                }
-        }' > "$file"
+                for (v = 1; v <= NR; v++)
+                    for (i = s; i < s + chunk && i < n; i++) resp(words[v], sprintf("v%d:%08d", v, i))
+        }') > "$file"
 }
 
 # Every command has servers of its own, one a round, where it runs in turns
