@@ -91,8 +91,7 @@ unsafe fn with_encoding<R>(stored: Stored, f: impl FnOnce(&[u8]) -> R) -> R {
 /// `RESTORE` with "Bad data format" and refuses an RDB file, with this log line.
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     crate::ffi::contained("rdb load", ptr::null_mut(), || {
-        // One clock read per value: a load reads millions of them.
-        let now = now_ms();
+        let now = crate::role::load_clock_ms();
         let loaded = match load_value(rdb, encver, crate::token::max_accepted(now)) {
             Ok(loaded) => loaded,
             Err(why) => {

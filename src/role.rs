@@ -11,7 +11,7 @@
 //!   and the commands before the fork are inside the snapshot it receives;
 //! - on any replica or role change.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 
 use redis_module::raw;
 
@@ -20,6 +20,14 @@ use crate::ffi::{api, ctx_flags, Ctx};
 static MASTER: AtomicBool = AtomicBool::new(true);
 static LOADING: AtomicBool = AtomicBool::new(false);
 static PROPAGATE: AtomicBool = AtomicBool::new(false);
+/// The clock reading loaded values share, and how many more may use it.
+static LOAD_CLOCK: AtomicI64 = AtomicI64::new(0);
+static LOAD_CLOCK_LEFT: AtomicU32 = AtomicU32::new(0);
+
+/// Values loaded per clock reading while the server loads. Reading the clock
+/// once per value took 6% of an RDB load of one-holder locks (a vDSO call
+/// each); 128 values load in well under a millisecond.
+const LOAD_CLOCK_VALUES: u32 = 128;
 
 pub fn is_master() -> bool {
     MASTER.load(Ordering::Relaxed)
@@ -49,6 +57,25 @@ pub const PAUSE_RETRY_MS: i64 = 10;
 
 pub fn set_loading(loading: bool) {
     LOADING.store(loading, Ordering::Relaxed);
+    LOAD_CLOCK_LEFT.store(0, Ordering::Relaxed);
+}
+
+/// The time a value being loaded is judged at (its tokens' bound, whether its
+/// leases already ended): while the server loads, a reading at most
+/// `LOAD_CLOCK_VALUES` values old, so never later than the time itself; at any
+/// other moment (`RESTORE`) a fresh one.
+pub fn load_clock_ms() -> i64 {
+    let left = LOAD_CLOCK_LEFT.load(Ordering::Relaxed);
+    if left > 0 && is_loading() {
+        LOAD_CLOCK_LEFT.store(left - 1, Ordering::Relaxed);
+        return LOAD_CLOCK.load(Ordering::Relaxed);
+    }
+    let now = crate::ffi::now_ms();
+    if is_loading() {
+        LOAD_CLOCK.store(now, Ordering::Relaxed);
+        LOAD_CLOCK_LEFT.store(LOAD_CLOCK_VALUES - 1, Ordering::Relaxed);
+    }
+    now
 }
 
 /// A replica attached or left, or the role changed: effects go out from now on.
@@ -63,10 +90,7 @@ pub fn refresh(ctx: *mut Ctx) {
         flags & raw::REDISMODULE_CTX_FLAGS_MASTER != 0,
         Ordering::Relaxed,
     );
-    LOADING.store(
-        flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0,
-        Ordering::Relaxed,
-    );
+    set_loading(flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0);
     let aof_or_replica = raw::REDISMODULE_CTX_FLAGS_AOF | raw::REDISMODULE_CTX_FLAGS_SLAVE;
     if flags & aof_or_replica != 0 || replicas_or_backlog(ctx) {
         listener_seen();

@@ -196,6 +196,36 @@ fn holds_that_expired_while_down_are_dropped() {
     assert!(error(&mut c, &["RWLOCK.RELEASE", "rw", "READ", "brief"]).starts_with("NOTOWNER"));
 }
 
+/// Keys whose TTL `PERSIST` took off keep their lock in the file; a load ends
+/// those whose leases ran out meanwhile. Hundreds of them, so that most are
+/// judged by a clock reading shared with the values before them (the loader
+/// reads the clock once per 128 values), and the ones left held are too.
+#[test]
+fn persisted_locks_whose_leases_ended_while_down_are_ended_at_load() {
+    let mut s = Server::start();
+    let mut c = s.client();
+    let (ended, held) = (600, 300);
+    for i in 0..ended + held {
+        let px = if i < ended { "300" } else { "600000" };
+        int(&mut c, &["RLOCK.ACQUIRE", &format!("k{i}"), "a", "PX", px]);
+        assert_eq!(int(&mut c, &["PERSIST", &format!("k{i}")]), 1);
+    }
+    let _: () = cmd("SAVE").query(&mut c).unwrap();
+    let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
+    s.kill();
+    sleep(Duration::from_millis(500));
+    s.start_again();
+    let mut c = s.client();
+    wait_until(Duration::from_secs(5), || {
+        int(&mut c, &["DBSIZE"]) == held as i64
+    });
+    for i in 0..ended + held {
+        let exists = int(&mut c, &["EXISTS", &format!("k{i}")]);
+        assert_eq!(exists, (i >= ended) as i64, "k{i}");
+    }
+    assert_eq!(stat(&mut c, "locks"), held as i64);
+}
+
 #[test]
 fn tokens_never_repeat_after_a_crash_with_nothing_persisted() {
     let mut s = Server::start();
