@@ -588,9 +588,10 @@ fn main() {
             for lock in [storm::NATIVE, PLAIN_FLOOR] {
                 let x = persist::loads(&env, lock, n, round);
                 progress(&format!(
-                    "  round {round}: {:<44} DEBUG RELOAD {:.0} ms, DEBUG LOADAOF {:.0} ms",
+                    "  round {round}: {:<44} DEBUG RELOAD {:.0} ms, RDB load {:.0} ms, DEBUG LOADAOF {:.0} ms",
                     lock.label(),
                     x.reload_ms,
+                    x.rdb_load_ms,
                     x.aof_load_ms
                 ));
                 r.loads.push(x);

@@ -57,6 +57,9 @@ pub struct Loads {
     pub round: usize,
     /// `DEBUG RELOAD` (save, flush, load) of N keys just made.
     pub reload_ms: f64,
+    /// The load alone: `DEBUG RELOAD NOSAVE` of the file that reload saved,
+    /// after a `FLUSHALL` (what issue 13 calls loading).
+    pub rdb_load_ms: f64,
     /// `DEBUG LOADAOF` of the AOF rewritten from N keys made anew after a
     /// `FLUSHALL` (plain commands, no RDB preamble): flush, then replay of
     /// every command.
@@ -355,16 +358,20 @@ fn promote(env: &Env, srv: &Server, lock: Lock, n: usize) -> Promotion {
     }
 }
 
-/// The N keys back from the server's `dump.rdb`, after a flush.
-fn reload_nosave(srv: &Server, lock: Lock, n: usize) {
+/// The N keys back from the server's `dump.rdb`, after a flush: the time
+/// of the load command.
+fn reload_nosave(srv: &Server, lock: Lock, n: usize) -> f64 {
     let mut c = srv.conn();
+    let t = Instant::now();
     ok(
         cmd!(c; "DEBUG", "RELOAD", "NOSAVE").expect("DEBUG RELOAD NOSAVE"),
         "DEBUG RELOAD NOSAVE",
     );
+    let load_ms = ms_since(t);
     let keys = cmd!(c; "DBSIZE").expect("DBSIZE");
     assert_eq!(keys.int(), Some(n as i64), "keys after DEBUG RELOAD NOSAVE");
     assert_eq!(held(srv, lock), leases(lock, n), "locks after the reload");
+    load_ms
 }
 
 struct Flush {
@@ -446,6 +453,8 @@ pub fn loads(env: &Env, lock: Lock, n: usize, round: usize) -> Loads {
         "locks after DEBUG RELOAD"
     );
     ok(cmd!(c; "FLUSHALL", "SYNC").expect("FLUSHALL"), "FLUSHALL");
+    let rdb_load_ms = reload_nosave(&srv, lock, n);
+    ok(cmd!(c; "FLUSHALL", "SYNC").expect("FLUSHALL"), "FLUSHALL");
     config_set(&mut c, "aof-use-rdb-preamble", "no");
     let aof_load_ms = aof_load(env, &srv, lock, n);
     assert_eq!(
@@ -458,6 +467,7 @@ pub fn loads(env: &Env, lock: Lock, n: usize, round: usize) -> Loads {
         n,
         round,
         reload_ms,
+        rdb_load_ms,
         aof_load_ms,
     }
 }

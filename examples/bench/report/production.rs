@@ -371,8 +371,13 @@ fn load_targets(r: &Results) -> Vec<Target> {
         |imp: Impl| -> Vec<&Loads> { r.loads.iter().filter(|x| x.lock.imp == imp).collect() };
     let (native, plain) = (side(Impl::Native), side(Impl::PlainFloor));
     type Get = fn(&Loads) -> f64;
-    let rows: [(&'static str, &str, Get); 2] = [
+    let rows: [(&'static str, &str, Get); 3] = [
         ("reload", "`DEBUG RELOAD` time", |x| x.reload_ms),
+        (
+            "rdb-load",
+            "RDB load alone (`FLUSHALL`, then `DEBUG RELOAD NOSAVE`)",
+            |x| x.rdb_load_ms,
+        ),
         (
             "aof-load",
             "`DEBUG LOADAOF` time (AOF of plain commands)",
@@ -705,7 +710,8 @@ fn render_loads(w: &mut String, r: &Results) {
     let _ = writeln!(
         w,
         "\nLoad times: per round and side a fresh server with the N keys made as above, then \
-         `DEBUG RELOAD` (round trip: save, flush, load); `FLUSHALL`, the N keys made anew, AOF \
+         `DEBUG RELOAD` (round trip: save, flush, load); `FLUSHALL` and the load alone of the \
+         file that reload saved (`DEBUG RELOAD NOSAVE`); `FLUSHALL`, the N keys made anew, AOF \
          on (the rewrite as above, not timed) and `DEBUG LOADAOF` (round trip: flush, then \
          every command of the file replayed). The sides take turns round by round, so that \
          the machine's drift over a run falls on both; the targets take the median of each \
@@ -713,7 +719,13 @@ fn render_loads(w: &mut String, r: &Results) {
     );
     table(
         w,
-        &["round", "keys", "DEBUG RELOAD ms", "DEBUG LOADAOF ms"],
+        &[
+            "round",
+            "keys",
+            "DEBUG RELOAD ms",
+            "RDB load ms",
+            "DEBUG LOADAOF ms",
+        ],
         r.loads.iter().map(|x| {
             vec![
                 x.round.to_string(),
@@ -723,6 +735,7 @@ fn render_loads(w: &mut String, r: &Results) {
                 }
                 .into(),
                 num(x.reload_ms),
+                num(x.rdb_load_ms),
                 num(x.aof_load_ms),
             ]
         }),
