@@ -20,8 +20,12 @@
 # built and propagated, as with a replica attached. CMD="..." counts another
 # command in RLOCK.ACQUIRE's place, KEY and OWNER standing for a fresh key and
 # the owner (e.g. CMD="SEMAPHORE.ACQUIRE KEY OWNER LIMIT 5 PX 3600000", or
-# CMD="FLOOR.REPLOCK KEY OWNER PX 3600000" with AOF=1). Needs valgrind,
-# python3, objdump, a C compiler, redis-server and redis-cli.
+# CMD="FLOOR.REPLOCK KEY OWNER PX 3600000" with AOF=1). LOAD=1 counts an RDB
+# load instead: the N keys made, SAVE, FLUSHALL, counters zeroed, DEBUG
+# RELOAD NOSAVE, so "a call" is one value read back (bench/findings.md
+# "rdb-load": what any module type's load costs beside a SET key's). Every
+# mode also prints the instructions per call, all code counted. Needs
+# valgrind, python3, objdump, a C compiler, redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-2000}
@@ -57,13 +61,24 @@ count() {
     valgrind --tool=callgrind --dump-instr=yes --compress-pos=no --compress-strings=no \
         --callgrind-out-file="$work/$name.%p" \
         redis-server --port "$port" --bind 127.0.0.1 --dir "$work/$name.d" --save '' \
-        --appendonly "$aof" --appendfsync no --loadmodule "$so" --loadmodule "$work/floor.so" > "$work/$name.log" 2>&1 &
+        --appendonly "$aof" --appendfsync no --enable-debug-command yes \
+        --loadmodule "$so" --loadmodule "$work/floor.so" > "$work/$name.log" 2>&1 &
     vg=$!
     for _ in $(seq 1 300); do [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break; sleep 0.2; done
     pid=$(redis-cli -p "$port" INFO server | awk -F: '/^process_id:/ { print $2 }' | tr -d '\r')
     commands 500 warm "$format" | redis-cli -p "$port" --pipe >/dev/null
-    callgrind_control -z "$pid" >/dev/null 2>&1
-    commands "$N" lock "$format" | redis-cli -p "$port" --pipe >/dev/null
+    if [ -n "${LOAD:-}" ]; then
+        commands "$N" lock "$format" | redis-cli -p "$port" --pipe >/dev/null
+        redis-cli -p "$port" save >/dev/null
+        redis-cli -p "$port" flushall >/dev/null
+        callgrind_control -z "$pid" >/dev/null 2>&1
+        [ "$(redis-cli -p "$port" debug reload nosave)" = OK ] || { echo "$name: DEBUG RELOAD NOSAVE failed" >&2; exit 1; }
+        # The warm-up keys load too.
+        [ "$(redis-cli -p "$port" dbsize)" = $((N + 500)) ] || { echo "$name: keys missing after the load" >&2; exit 1; }
+    else
+        callgrind_control -z "$pid" >/dev/null 2>&1
+        commands "$N" lock "$format" | redis-cli -p "$port" --pipe >/dev/null
+    fi
     callgrind_control --dump="$name" "$pid" >/dev/null 2>&1
     redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     wait "$vg" || true
@@ -75,8 +90,10 @@ count floor "FLOOR.TOKENLOCK KEY OWNER PX 3600000"
 cmd=${CMD:-RLOCK.ACQUIRE KEY OWNER PX 3600000}
 count rlock "$cmd"
 
-echo "module: $so   calls: $N   AOF: $aof   (64-byte lines of code executed on at least half of the calls)"
-python3 - "$N" "${TOP:-0}" "$work" "$(readlink -f "$(command -v redis-server)")" "${cmd%% *}" "$so" <<'EOF'
+what="calls: $N   AOF: $aof" calls=$N
+[ -z "${LOAD:-}" ] || { calls=$((N + 500)); what="RDB load of $calls keys, a call = one value"; }
+echo "module: $so   $what   (64-byte lines of code executed on at least half of the calls)"
+python3 - "$calls" "${TOP:-0}" "$work" "$(readlink -f "$(command -v redis-server)")" "${cmd%% *}" "$so" <<'EOF'
 import collections, re, subprocess, sys
 
 calls, top, work, server, command, so = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
@@ -87,6 +104,9 @@ def object_name(ob):
     return "redis-server" if ob == server else ob.rsplit("/", 1)[-1]
 
 
+total_instructions = {}
+
+
 def hot_instructions(path):
     """(object, address) -> function of the instructions run on >= half the calls.
     Addresses are offsets within their object, so the object is part of the key."""
@@ -94,6 +114,8 @@ def hot_instructions(path):
     ob = fn = None
     after_calls = False
     for line in open(path, errors="replace"):
+        if line.startswith("summary:"):
+            total_instructions[path] = int(line.split()[1])
         if line.startswith("ob="):
             ob = line[3:].strip()
         elif line.startswith("fn="):
@@ -130,7 +152,9 @@ for name, label in [("set", "SET NX PX"), ("floor", "C module floor"), ("rlock",
     by_object = ", ".join(
         f"{object_name(ob)} {len(s)}" for ob, s in sorted(lines.items(), key=lambda x: -len(x[1]))
     )
-    print(f"{label:18} {total:4} lines ({total * 64 / 1024:.1f} KB): {by_object}")
+    per_call = total_instructions.get(f"{work}/{name}.out", 0) / calls
+    print(f"{label:18} {total:4} lines ({total * 64 / 1024:.1f} KB): {by_object}; "
+          f"{per_call:,.0f} instructions per call")
     module = [(ob, a) for ob, a in hot if ob == so]
     if module:
         sizes = instruction_sizes(module[0][0])
