@@ -241,8 +241,9 @@ fn watch_at(ctx: *mut Ctx, db: i32, key: &[u8], due: i64) {
 /// `rdb` must be the IO context of the value being loaded.
 pub unsafe fn loaded(rdb: *mut raw::RedisModuleIO, earliest: Option<i64>, indexed: bool, now: i64) {
     let restored = !crate::role::is_loading();
-    // `now` may be a reading up to a millisecond old (`role::load_clock_ms`):
-    // a deadline just after it is judged by the clock itself.
+    // While loading, `now` is a reading shared with the values loaded just
+    // before (`role::load_clock_ms`): a deadline within a second after it is
+    // judged by the clock itself.
     let ended = earliest
         .is_some_and(|d| d < now || (d <= now.saturating_add(1_000) && d < crate::ffi::now_ms()));
     if !(restored || ended || indexed) {

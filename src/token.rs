@@ -80,8 +80,8 @@ pub fn max_accepted(now_ms: i64) -> u64 {
 /// this server never issues it or anything below it.
 pub fn observe(token: u64) {
     // A load observes millions of tokens, few of them a new maximum: the
-    // locked read-modify-write only for those (it was 40% of the module's
-    // own time per loaded value).
+    // locked read-modify-write only for those (it took 40% of `rdb_load`'s
+    // own samples in a perf of an RDB load).
     if token > LAST.load(Ordering::Relaxed) {
         LAST.fetch_max(token, Ordering::Relaxed);
     }
