@@ -170,14 +170,15 @@ impl<'a> Reader<'a> {
     /// tenth byte) is an error, not silently cut. Padded forms still read.
     pub(super) fn varint(&mut self) -> Option<u64> {
         let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *self.take(1)?.first()?;
+        for (i, &b) in self.0.iter().take(10).enumerate() {
+            let shift = 7 * i as u32;
             let bits = (b & 0x7f) as u64;
             if shift == 63 && bits > 1 {
                 return None;
             }
             v |= bits << shift;
             if b & 0x80 == 0 {
+                self.0 = &self.0[i + 1..];
                 return Some(v);
             }
         }
