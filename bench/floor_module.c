@@ -13,7 +13,7 @@
  * token, up to 24 owner bytes: rlock's packed lock is also 48 bytes) and sets
  * the key's TTL to the deadline. Nothing else: no reentrancy, no queue, no
  * notification, no replication but REPLOCK's (the type saves and loads its 48
- * bytes as they are).
+ * bytes as they are, and an AOF rewrite writes each as a FLOOR.APPLY).
  * TOKENLOCK replies with a fencing-token-sized integer as RLOCK.ACQUIRE does;
  * LOCK replies with Redis's shared `:1`. PADLOCK first runs through
  * PAD_LINES 64-byte lines of no-op instructions (a compile-time count, 0 by
@@ -69,6 +69,12 @@ static void floor_rdb_save(RedisModuleIO *io, void *value) {
 }
 
 static void floor_free(void *value) { RedisModule_Free(value); }
+
+/* An AOF rewrite without the RDB preamble: one FLOOR.APPLY per key, the least
+ * a module type can write there (RedisModule_EmitAOF is the only way). */
+static void floor_aof_rewrite(RedisModuleIO *aof, RedisModuleString *key, void *value) {
+    RedisModule_EmitAOF(aof, "FLOOR.APPLY", "sb", key, (const char *)value, sizeof(FloorLock));
+}
 
 /* 0 when stored (the value in *stored), 1 when the key was taken, -1 after
  * replying an error. */
@@ -178,6 +184,7 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) 
         .version = REDISMODULE_TYPE_METHOD_VERSION,
         .rdb_load = floor_rdb_load,
         .rdb_save = floor_rdb_save,
+        .aof_rewrite = floor_aof_rewrite,
         .free = floor_free,
     };
     floor_type = RedisModule_CreateDataType(ctx, "floorlck1", 0, &methods);
