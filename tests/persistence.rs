@@ -159,6 +159,17 @@ fn aof_rewrite_with_rdb_preamble_gives_back_the_same_state() {
     aof_roundtrip("yes", true);
 }
 
+/// `SAVE`, the server stopped for `down`, started again on its file: a client
+/// of the new process.
+fn save_and_restart_after(s: &mut Server, c: &mut Connection, down: Duration) -> Connection {
+    let _: () = cmd("SAVE").query(c).unwrap();
+    let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(c);
+    s.kill();
+    sleep(down);
+    s.start_again();
+    s.client()
+}
+
 #[test]
 fn holds_that_expired_while_down_are_dropped() {
     let mut s = Server::start();
@@ -173,12 +184,7 @@ fn holds_that_expired_while_down_are_dropped() {
         &["RWLOCK.ACQUIRE", "rw", "READ", "stays", "PX", "600000"],
     );
     int(&mut c, &["RLOCK.ACQUIRE", "long", "b", "PX", "600000"]);
-    let _: () = cmd("SAVE").query(&mut c).unwrap();
-    let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
-    s.kill();
-    sleep(Duration::from_millis(500));
-    s.start_again();
-    let mut c = s.client();
+    let mut c = save_and_restart_after(&mut s, &mut c, Duration::from_millis(500));
     wait_until(Duration::from_secs(2), || {
         int(&mut c, &["EXISTS", "short"]) == 0
     });
@@ -210,12 +216,7 @@ fn persisted_locks_whose_leases_ended_while_down_are_ended_at_load() {
         int(&mut c, &["RLOCK.ACQUIRE", &format!("k{i}"), "a", "PX", px]);
         assert_eq!(int(&mut c, &["PERSIST", &format!("k{i}")]), 1);
     }
-    let _: () = cmd("SAVE").query(&mut c).unwrap();
-    let _: redis::RedisResult<()> = cmd("SHUTDOWN").arg("NOSAVE").query(&mut c);
-    s.kill();
-    sleep(Duration::from_millis(500));
-    s.start_again();
-    let mut c = s.client();
+    let mut c = save_and_restart_after(&mut s, &mut c, Duration::from_millis(500));
     wait_until(Duration::from_secs(5), || {
         int(&mut c, &["DBSIZE"]) == held as i64
     });
