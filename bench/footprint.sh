@@ -24,7 +24,12 @@
 # load instead: the N keys made, SAVE, FLUSHALL, counters zeroed, DEBUG
 # RELOAD NOSAVE, so "a call" is one value read back (bench/findings.md
 # "rdb-load": what any module type's load costs beside a SET key's). Every
-# mode also prints the instructions per call, all code counted. Needs
+# mode also prints the instructions per call, all code counted, and, but for
+# LOAD=1, those run inside the command's own procedure (setCommand or the
+# module command dispatcher, callees included): the span INFO commandstats
+# times, so their ratio is a run-to-run stable image of the ratio `make bench`
+# judges (bench/findings.md "replica-acquire-vs-set"). Run it on another server
+# by putting that server first in PATH as redis-server. Needs
 # valgrind, python3, objdump, a C compiler, redis-server and redis-cli.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,10 +98,10 @@ count rlock "$cmd"
 what="calls: $N   AOF: $aof" calls=$N
 [ -z "${LOAD:-}" ] || { calls=$((N + 500)); what="RDB load of $calls keys, a call = one value"; }
 echo "module: $so   $what   (64-byte lines of code executed on at least half of the calls)"
-python3 - "$calls" "${TOP:-0}" "$work" "$(readlink -f "$(command -v redis-server)")" "${cmd%% *}" "$so" <<'EOF'
+python3 - "$calls" "${TOP:-0}" "$work" "$(readlink -f "$(command -v redis-server)")" "${cmd%% *}" "$so" "${LOAD:-}" <<'EOF'
 import collections, re, subprocess, sys
 
-calls, top, work, server, command, so = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:7]
+calls, top, work, server, command, so, load = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:8]
 
 
 def object_name(ob):
@@ -105,6 +110,11 @@ def object_name(ob):
 
 
 total_instructions = {}
+# Instructions run inside the command's own procedure (setCommand, or the
+# module command dispatcher), callees included: the span INFO commandstats
+# times, so the ratio of these is the instruction-count image of table (a)'s.
+PROCS = ("setCommand", "RedisModuleCommandDispatcher", "ValkeyModuleCommandDispatcher")
+in_proc = collections.Counter()
 
 
 def hot_instructions(path):
@@ -123,10 +133,12 @@ def hot_instructions(path):
         elif line.startswith("calls="):
             after_calls = True  # the next cost line is the callee's, inclusive
         elif line.startswith("0x"):
+            fields = line.split()  # address, source line, Ir
+            if fn in PROCS:  # its own instructions and its callees' (after calls=)
+                in_proc[path] += int(fields[2]) if len(fields) > 2 else 0
             if after_calls:
                 after_calls = False
                 continue
-            fields = line.split()  # address, source line, Ir
             at = (ob, int(fields[0], 16))
             runs[at] += int(fields[2]) if len(fields) > 2 else 0
             function[at] = fn
@@ -153,8 +165,9 @@ for name, label in [("set", "SET NX PX"), ("floor", "C module floor"), ("rlock",
         f"{object_name(ob)} {len(s)}" for ob, s in sorted(lines.items(), key=lambda x: -len(x[1]))
     )
     per_call = total_instructions.get(f"{work}/{name}.out", 0) / calls
+    proc = "" if load else f" ({in_proc[f'{work}/{name}.out'] / calls:,.0f} in the command's procedure)"
     print(f"{label:18} {total:4} lines ({total * 64 / 1024:.1f} KB): {by_object}; "
-          f"{per_call:,.0f} instructions per call")
+          f"{per_call:,.0f} instructions per call{proc}")
     module = [(ob, a) for ob, a in hot if ob == so]
     if module:
         sizes = instruction_sizes(module[0][0])
