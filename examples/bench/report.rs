@@ -110,6 +110,22 @@ fn f2(v: f64) -> String {
     }
 }
 
+/// A ratio judged against `limit` (met when at most `limit`), printed with as
+/// many decimals as it takes to side with its verdict: 1.3035 against 1.3
+/// reads "1.304x", not a "1.30x" beside MISSED.
+fn judged_ratio(x: f64, limit: f64) -> String {
+    for decimals in 2..=4 {
+        let shown = format!("{x:.decimals$}");
+        if shown
+            .parse::<f64>()
+            .is_ok_and(|v| (v <= limit) == (x <= limit))
+        {
+            return format!("{shown}x");
+        }
+    }
+    format!("{x}x")
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Status {
     Met,
@@ -216,8 +232,8 @@ fn targets(r: &Results) -> Vec<Target> {
                     // The verdict: in turns with the floor on the lock's own server.
                     let in_turns = |rounds: &[f64], apart: String| {
                         format!(
-                            "{:.2}x in turns on one server (per round {}); on servers of their own: {apart}",
-                            crate::uncontended::median(rounds),
+                            "{} in turns on one server (per round {}); on servers of their own: {apart}",
+                            judged_ratio(crate::uncontended::median(rounds), 1.2),
                             per_round(rounds)
                         )
                     };
@@ -1037,4 +1053,18 @@ pub fn summary(r: &Results) -> String {
 fn per_round(v: &[f64]) -> String {
     let each: Vec<String> = v.iter().map(|x| format!("{x:.2}x")).collect();
     each.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::judged_ratio;
+
+    #[test]
+    fn a_judged_ratio_never_reads_as_the_other_verdict() {
+        assert_eq!(judged_ratio(1.25, 1.3), "1.25x");
+        assert_eq!(judged_ratio(1.3035, 1.3), "1.304x");
+        assert_eq!(judged_ratio(1.2999, 1.3), "1.30x");
+        assert_eq!(judged_ratio(1.20004, 1.2), "1.20004x");
+        assert_eq!(judged_ratio(1.5, 1.5), "1.50x");
+    }
 }

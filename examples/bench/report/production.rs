@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{f2, not_run, num, status, Target};
+use super::{f2, judged_ratio, not_run, num, status, Target};
 use crate::locks::Impl;
 use crate::persist::{Loads, Persist, ROUNDS};
 use crate::readers::{OpCost, ReadersScale};
@@ -255,7 +255,12 @@ pub fn persist_targets(r: &Results) -> Vec<Target> {
                 Target {
                     id,
                     what: what(n, name),
-                    measured: format!("{} vs {}, {x:.2}x", per_key(get(n)), per_key(get(p))),
+                    measured: format!(
+                        "{} vs {}, {}",
+                        per_key(get(n)),
+                        per_key(get(p)),
+                        judged_ratio(x, 1.5)
+                    ),
                     required: "≤ 1.5x",
                     status: status(x <= 1.5),
                 }
@@ -271,9 +276,10 @@ pub fn persist_targets(r: &Results) -> Vec<Target> {
                     id,
                     what: what(n, name),
                     measured: format!(
-                        "{} ms vs {} ms, {x:.2}x ({})",
+                        "{} ms vs {} ms, {} ({})",
                         num(get(n)),
                         num(get(p)),
+                        judged_ratio(x, 1.5),
                         per_round(rounds(n), rounds(p))
                     ),
                     required: "≤ 1.5x",
@@ -399,10 +405,10 @@ fn load_targets(r: &Results) -> Vec<Target> {
                     num(native[0].n as f64)
                 ),
                 measured: format!(
-                    "{} ms vs {} ms, {:.2}x ({})",
+                    "{} ms vs {} ms, {} ({})",
                     num(n),
                     num(p),
-                    n / p,
+                    judged_ratio(n / p, 1.3),
                     per_round(&rounds(&native), &rounds(&plain))
                 ),
                 required: "≤ 1.3x",
