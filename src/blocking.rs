@@ -71,6 +71,8 @@ struct Record {
     parked_at: i64,
     /// Its owner, to find it in `by_owner` when it leaves.
     owner: Owner,
+    /// An `ACQUIREALL`'s waiter: answered an array, or the null array.
+    multi: bool,
 }
 
 /// The parked waiters of one owner (`Registry::by_owner`): nearly always
@@ -403,11 +405,11 @@ pub fn park(
         }
     }
     // Queued on each of its keys just before it parks, under its owner.
-    let owner = keys
+    let (owner, multi) = keys
         .first()
-        .and_then(|key| with_queue(db, key, |q| q.get(id).map(|w| w.owner.clone())))
+        .and_then(|key| with_queue(db, key, |q| q.get(id).map(|w| (w.owner.clone(), w.multi))))
         .flatten()
-        .unwrap_or_else(|| Owner::new(b""));
+        .unwrap_or_else(|| (Owner::new(b""), keys.len() > 1));
     register(
         id,
         Record {
@@ -420,6 +422,7 @@ pub fn park(
             keepalive: keepalive_lease,
             parked_at: now_ms(),
             owner,
+            multi,
         },
     );
     if deadline != 0 {
@@ -889,7 +892,7 @@ unsafe fn waiter_id(ctx: *mut Ctx) -> Option<u64> {
 /// waiter refused on one of its keys, would otherwise stay queued on the
 /// others, to be granted later or to reserve a free key for nobody. Where it
 /// was first, the lock serves whoever is first now.
-fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
+fn depart(ctx: *mut Ctx, id: u64) -> Option<(Status, bool)> {
     let rec = with(|r| r.forget(id))?;
     for key in &rec.keys {
         let reserve = with_queue(rec.db, key, |q| {
@@ -902,7 +905,31 @@ fn depart(ctx: *mut Ctx, id: u64) -> Option<Status> {
         }
     }
     with(|r| r.release_spare_capacity());
-    Some(rec.status)
+    Some((rec.status, rec.multi))
+}
+
+/// The answer of a waiter that left, but of one still waiting (`None`),
+/// which each callback answers its own way.
+fn reply_for(status: Status, multi: bool) -> Option<Reply> {
+    Some(match status {
+        Status::Granted(token) => Reply::Int(token as i64),
+        Status::GrantedAll(tokens) => tokens_reply(&tokens),
+        Status::Failed(e) => Reply::err(e),
+        Status::TimedOut => timed_out(multi),
+        Status::Waiting => return None,
+    })
+}
+
+/// A waiter that got nothing is answered its command's null: the null array
+/// for an `ACQUIREALL`, whose grant is an array (`*-1` to a RESP2 client, as
+/// Redis's `BLPOP` times out).
+fn timed_out(multi: bool) -> Reply {
+    stats::bump(&stats::WAIT_TIMEOUTS, 1);
+    if multi {
+        Reply::NullArray
+    } else {
+        Reply::Null
+    }
 }
 
 unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_int) -> c_int {
@@ -912,13 +939,8 @@ unsafe extern "C" fn on_timeout(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c_i
             return OK;
         };
         let reply = match depart(ctx, id) {
-            Some(Status::Granted(token)) => Reply::Int(token as i64),
-            Some(Status::GrantedAll(tokens)) => tokens_reply(&tokens),
-            Some(Status::Failed(e)) => Reply::err(e),
-            Some(Status::Waiting) | Some(Status::TimedOut) | None => {
-                stats::bump(&stats::WAIT_TIMEOUTS, 1);
-                Reply::Null
-            }
+            Some((status, multi)) => reply_for(status, multi).unwrap_or_else(|| timed_out(multi)),
+            None => timed_out(false),
         };
         send(ctx, &reply);
         OK
@@ -938,21 +960,14 @@ unsafe extern "C" fn on_key_ready(ctx: *mut Ctx, _argv: *mut *mut RStr, _argc: c
             send(ctx, &Reply::err(PARKING_NAME_TAKEN_ERR));
             return OK;
         };
-        let reply = match depart(ctx, id) {
-            Some(Status::Granted(token)) => Reply::Int(token as i64),
-            Some(Status::GrantedAll(tokens)) => tokens_reply(&tokens),
-            Some(Status::Failed(e)) => Reply::err(e),
-            Some(Status::TimedOut) => {
-                stats::bump(&stats::WAIT_TIMEOUTS, 1);
-                Reply::Null
-            }
-            Some(Status::Waiting) | None => {
+        let reply = depart(ctx, id)
+            .and_then(|(status, multi)| reply_for(status, multi))
+            .unwrap_or_else(|| {
                 // Redis unblocks it before the event loop sleeps: until then
                 // a `CLIENT UNBLOCK` must not answer it again, as after a grant.
                 crate::answered::mark(id, crate::engine::client_id(ctx));
                 Reply::err(PARKING_NAME_TAKEN_ERR)
-            }
-        };
+            });
         send(ctx, &reply);
         OK
     })

@@ -145,6 +145,9 @@ impl Drop for Key {
 pub enum Reply {
     Int(i64),
     Null,
+    /// The null of a command whose answer is an array (`*-1` to RESP2
+    /// clients, as Redis's `BLPOP` times out); RESP3 has one null.
+    NullArray,
     Bulk(Vec<u8>),
     Simple(&'static std::ffi::CStr),
     /// Most errors are fixed strings: no allocation for them.
@@ -191,6 +194,9 @@ pub fn send(ctx: *mut Ctx, reply: &Reply) {
             }
             Reply::Null => {
                 api!(RedisModule_ReplyWithNull)(ctx);
+            }
+            Reply::NullArray => {
+                api!(RedisModule_ReplyWithNullArray)(ctx);
             }
             Reply::Bulk(b) => {
                 api!(RedisModule_ReplyWithStringBuffer)(ctx, b.as_ptr().cast(), b.len());

@@ -551,3 +551,74 @@ fn a_reserved_key_stays_in_its_family() {
     let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
     assert_eq!(digest(&mut c), digest(&mut r));
 }
+
+/// A connection that reads the reply's bytes as the server wrote them: the
+/// `redis` crate reads RESP2's null bulk (`$-1`) and null array (`*-1`) alike.
+struct Wire {
+    stream: std::net::TcpStream,
+}
+
+impl Wire {
+    fn connect(s: &Server) -> Wire {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        Wire { stream }
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        use std::io::Write;
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.stream.write_all(&resp(&args)).unwrap();
+    }
+
+    /// The next reply line, `\r\n` included.
+    fn line(&mut self) -> String {
+        use std::io::Read;
+        let mut line = Vec::new();
+        let mut byte = [0u8];
+        while !line.ends_with(b"\r\n") {
+            self.stream.read_exact(&mut byte).unwrap();
+            line.push(byte[0]);
+        }
+        String::from_utf8(line).unwrap()
+    }
+
+    fn call(&mut self, args: &[&str]) -> String {
+        self.send(args);
+        self.line()
+    }
+}
+
+/// `ACQUIREALL` answers an array when it grants, so its null is the null
+/// array (`*-1` in RESP2, as `BLPOP` times out), busy or timed out or
+/// unblocked; the single-key commands keep the null bulk (`$-1`).
+#[test]
+fn a_refused_acquireall_is_the_null_array() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "b", "h"]);
+    let mut w = Wire::connect(&s);
+    assert_eq!(w.call(&["RLOCK.ACQUIREALL", "2", "a", "b", "o"]), "*-1\r\n");
+    let args = ["RLOCK.ACQUIREALL", "2", "a", "b", "o", "BLOCK", "20"];
+    assert_eq!(w.call(&args), "*-1\r\n");
+    assert_eq!(w.call(&["RLOCK.ACQUIRE", "b", "o"]), "$-1\r\n");
+    let args = ["RLOCK.ACQUIRE", "b", "o", "BLOCK", "20"];
+    assert_eq!(w.call(&args), "$-1\r\n");
+    let id = w.call(&["CLIENT", "ID"]);
+    let id = id.trim_start_matches(':').trim_end();
+    w.send(&["RLOCK.ACQUIREALL", "2", "a", "b", "o", "BLOCK", "0"]);
+    wait_parked(&mut c, 1);
+    assert_eq!(int(&mut c, &["CLIENT", "UNBLOCK", id]), 1);
+    assert_eq!(w.line(), "*-1\r\n");
+    // RESP3 has one null.
+    let hello = w.call(&["HELLO", "3"]);
+    assert!(hello.starts_with('%'), "{hello}");
+    w.send(&["PING"]);
+    while w.line() != "+PONG\r\n" {}
+    assert_eq!(w.call(&["RLOCK.ACQUIREALL", "2", "a", "b", "o"]), "_\r\n");
+    assert_eq!(stat(&mut c, "waiters"), 0);
+    assert_eq!(owner_of(&mut c, "b").as_deref(), Some("h"));
+    assert_eq!(owner_of(&mut c, "a"), None);
+}

@@ -128,7 +128,7 @@ pub fn acquire_all(
             Admission::Fresh => !queued || blocking::queue_len(o.db, o.name) == 0,
             Admission::Busy | Admission::Upgrade => false,
         });
-    let mut reply = Reply::Null;
+    let mut reply = Reply::NullArray;
     if grantable {
         reply = match grant_every(&mut opened, owner, lease_ms, now) {
             Ok(tokens) => {
