@@ -374,8 +374,29 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         &delta_lock(0, 0, u64::MAX / 2, now + 600_000, b"x"),
     ]));
 
+    // A semaphore's holding as an `S` step: after its `L` step (its limit)
+    // it loads; alone it would make a semaphore without a limit, refused.
+    let mut semaphore_holding = vec![b'S'];
+    semaphore_holding.extend((t4 + 1).to_le_bytes());
+    semaphore_holding.extend((now + 600_000).to_le_bytes());
+    semaphore_holding.extend(3u32.to_le_bytes());
+    semaphore_holding.extend(0u32.to_le_bytes());
+    semaphore_holding.extend(1u32.to_le_bytes());
+    semaphore_holding.push(b'a');
+    let mut limited = vec![1, 3, b'L'];
+    limited.extend(5u32.to_le_bytes());
+    limited.extend(&semaphore_holding);
+    aof.extend(resp(&[b"RLOCK.DELTA", b"sem-limited", &limited]));
+    let mut unlimited = vec![1, 3];
+    unlimited.extend(&semaphore_holding);
+    aof.extend(resp(&[b"RLOCK.DELTA", b"sem-unlimited", &unlimited]));
+
     let s = Server::start_on_aof(&aof);
     let mut c = s.client();
+    let info = info_map(&mut c, &["SEMAPHORE.INFO", "sem-limited"]).expect("L then S loads");
+    assert_eq!(as_int(&field(&info, "limit")), 5);
+    assert_eq!(as_int(&field(&info, "used")), 3);
+    assert_eq!(int(&mut c, &["EXISTS", "sem-unlimited"]), 0);
     let info = info_map(&mut c, &["RLOCK.INFO", "old"]).expect("old SETSTATE loads");
     assert_eq!(as_string(&field(&info, "owner")), "a");
     assert_eq!(as_int(&field(&info, "holds")), 2);
@@ -420,7 +441,7 @@ fn old_aof_files_load_and_bad_deltas_change_nothing() {
         assert_eq!(int(&mut c, &["EXISTS", key]), 0, "{key}");
     }
     let refused = s.log().matches("refused a replicated change").count();
-    assert_eq!(refused, 12, "{}", s.log());
+    assert_eq!(refused, 13, "{}", s.log());
     // A refused step is logged with the steps and what the key held.
     let log = s.log();
     let over = log

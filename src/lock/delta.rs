@@ -800,6 +800,27 @@ mod tests {
     }
 
     #[test]
+    fn a_semaphore_rebuilt_by_whole_steps_needs_its_limit_first() {
+        let holding = Op::Whole {
+            token: 1,
+            deadline: 1,
+            reads: 3,
+            writes: 0,
+            owner: b"a",
+        };
+        let mut without_limit = LockState::new(Kind::Semaphore);
+        assert!(without_limit.replay(&[holding], 100).is_err());
+        assert!(without_limit.is_free());
+        assert_eq!(without_limit.limit(), 0);
+        let mut with_limit = LockState::new(Kind::Semaphore);
+        with_limit
+            .replay(&[Op::Limit { limit: 2 }, holding], 100)
+            .unwrap();
+        let rebuilt = LockState::from_parts(Kind::Semaphore, 2, with_limit.iter().cloned(), 100);
+        assert_eq!(rebuilt, Ok(with_limit));
+    }
+
+    #[test]
     fn malformed_encodings_are_rejected() {
         let mut d = Delta::recording(Kind::Fair);
         d.new_holder(Mode::Write, 5, 10, b"owner");

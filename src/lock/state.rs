@@ -517,10 +517,12 @@ impl LockState {
     /// state the commands make keeps (one holder for exclusive families, a
     /// writer alone, distinct owners and tokens, at least one hold, ranges).
     /// A semaphore's holdings are permits only, in any number: a lowered
-    /// limit ends no holding, so the holdings may exceed it, also one alone.
+    /// limit ends no holding, so the holdings may exceed it, also one alone;
+    /// but they join only under a limit (a replayed one arrives as an `L`
+    /// step first: without it the state would be one no loader accepts).
     fn fits(&self, h: &Holder, max_token: u64) -> bool {
         let joins = match self.kind {
-            Kind::Semaphore => true,
+            Kind::Semaphore => self.limit > 0,
             // A writer comes alone; readers join readers.
             Kind::ReadWrite => (self.is_free() || h.writes == 0) && self.writer().is_none(),
             Kind::Reentrant | Kind::Fair => self.is_free(),
