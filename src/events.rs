@@ -5,7 +5,7 @@ use std::os::raw::c_void;
 
 use redis_module::raw::{self, RedisModuleEvent};
 
-use crate::ffi::{api, now_ms, Ctx, OK};
+use crate::ffi::{api, now_ms, select_db, Ctx, Key, OwnedStr, OK};
 use crate::{blocking, eviction, keepalive, lease, min_replicas, role, token};
 
 unsafe extern "C" fn on_role_change(
@@ -53,9 +53,17 @@ unsafe extern "C" fn on_loading(
     })
 }
 
+thread_local! {
+    /// The queued keys a flush found holding a value as it started.
+    static FLUSHED: std::cell::RefCell<Vec<(i32, Vec<u8>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// After FLUSHDB/FLUSHALL the lock values are gone but their waiters are not:
-/// they are told to retry. The check is deferred because DEBUG RELOAD flushes
-/// too, then loads the same locks back, and its waiters should keep waiting.
+/// those of a key that held a value are told to retry. The check is deferred
+/// because DEBUG RELOAD flushes too, then loads the same locks back, and its
+/// waiters should keep waiting. A key that only waiters have (a multi-key
+/// reservation) lost nothing: its waiters keep waiting, as they would have.
 unsafe extern "C" fn on_flush(
     ctx: *mut Ctx,
     _eid: RedisModuleEvent,
@@ -63,16 +71,29 @@ unsafe extern "C" fn on_flush(
     data: *mut c_void,
 ) {
     crate::ffi::contained("flush", (), || {
-        if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
+        if data.is_null() {
             return;
         }
         let info = &*(data as *const raw::RedisModuleFlushInfo);
         let db = (info.dbnum != -1).then_some(info.dbnum);
+        if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_START {
+            let held = blocking::queued_keys(db)
+                .into_iter()
+                .filter(|(db, key)| holds_value(ctx, *db, key))
+                .collect();
+            FLUSHED.with(|f| *f.borrow_mut() = held);
+            return;
+        }
         lease::forget_db(db);
-        for (db, key) in blocking::queued_keys(db) {
+        for (db, key) in FLUSHED.with(|f| std::mem::take(&mut *f.borrow_mut())) {
             lease::schedule_serve(ctx, db, &key, lease::IfAbsent::Retry);
         }
     })
+}
+
+fn holds_value(ctx: *mut Ctx, db: i32, key: &[u8]) -> bool {
+    let name = OwnedStr::new(key);
+    select_db(ctx, db) && !Key::open(ctx, name.ptr(), false).is_empty()
 }
 
 /// SWAPDB: the values of two databases traded numbers; clients did not (each

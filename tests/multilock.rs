@@ -622,3 +622,45 @@ fn a_refused_acquireall_is_the_null_array() {
     assert_eq!(owner_of(&mut c, "b").as_deref(), Some("h"));
     assert_eq!(owner_of(&mut c, "a"), None);
 }
+
+/// A key that only a multi-key waiter's reservation has loses nothing to a
+/// flush: `DEBUG RELOAD` (a save, a flush, a load) keeps everyone waiting,
+/// and `FLUSHALL` tells only the waiters of a flushed lock to retry; the
+/// waiter behind the reservation then gets its free key.
+#[test]
+fn a_reserved_key_survives_a_reload_and_is_not_flushed() {
+    let s = Server::start();
+    let mut c = s.client();
+    int(&mut c, &["RLOCK.ACQUIRE", "{a}1", "h"]);
+    let all = spawn_call(
+        &s,
+        &["RLOCK.ACQUIREALL", "2", "{a}1", "{a}2", "w", "BLOCK", "0"],
+    );
+    wait_parked(&mut c, 1);
+    let behind = spawn_call(&s, &["RLOCK.ACQUIRE", "{a}2", "y", "BLOCK", "0"]);
+    wait_parked(&mut c, 2);
+    let _: () = cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    sleep(Duration::from_millis(200));
+    assert_eq!(stat(&mut c, "waiters"), 2, "{}", s.log());
+    assert_eq!(owner_of(&mut c, "{a}1").as_deref(), Some("h"));
+    int(&mut c, &["RLOCK.RELEASE", "{a}1", "h"]);
+    assert_eq!(tokens(&all.join().unwrap().0.unwrap()).len(), 2);
+    int(&mut c, &["RLOCK.RELEASE", "{a}2", "w"]);
+    assert!(matches!(behind.join().unwrap().0.unwrap(), Value::Int(_)));
+    assert_eq!(owner_of(&mut c, "{a}2").as_deref(), Some("y"));
+
+    int(&mut c, &["RLOCK.ACQUIRE", "{b}1", "h"]);
+    let all = spawn_call(
+        &s,
+        &["RLOCK.ACQUIREALL", "2", "{b}1", "{b}2", "w", "BLOCK", "0"],
+    );
+    wait_parked(&mut c, 1);
+    let behind = spawn_call(&s, &["RLOCK.ACQUIRE", "{b}2", "y", "BLOCK", "0"]);
+    wait_parked(&mut c, 2);
+    let _: () = cmd("FLUSHALL").query(&mut c).unwrap();
+    let e = all.join().unwrap().0.unwrap_err();
+    assert_eq!(e.code(), Some("TRYAGAIN"), "{e}");
+    assert!(matches!(behind.join().unwrap().0.unwrap(), Value::Int(_)));
+    assert_eq!(owner_of(&mut c, "{b}2").as_deref(), Some("y"));
+    assert_eq!(stat(&mut c, "waiters"), 0);
+}
