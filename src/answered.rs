@@ -17,8 +17,10 @@
 //! The filter is registered only while such a waiter exists (from the
 //! answer to Redis's unblocking, which frees the waiter's private data), so
 //! no other command pays for it. Inside MULTI Redis filters a command when
-//! it is queued: an UNBLOCK queued before the grant its own EXEC makes is
-//! not caught (README, "Waiting").
+//! it is queued: an UNBLOCK queued before a grant made in the same turn of
+//! the event loop as its EXEC (by the EXEC, or by another client's command
+//! just before it) is not caught; with ERROR Redis then writes `-UNBLOCKED`
+//! to the waiter itself (README, "Waiting").
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
