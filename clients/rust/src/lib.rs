@@ -419,11 +419,7 @@ impl Lock {
         loop {
             let cmd = self.acquire_cmd(None);
             let token: Option<(i64, u64)> = match &self.pin {
-                Some(pin) => pin.acquire(
-                    &cmd,
-                    wait_deadline(None, self.wait_margin),
-                    self.wait_margin,
-                )?,
+                Some(pin) => pin.acquire(&cmd, None, self.wait_margin)?,
                 None => cmd.query::<Option<i64>>(&mut conn)?.map(|t| (t, 0)),
             };
             if let Some((token, generation)) = token {
@@ -843,17 +839,19 @@ impl Pin {
     }
 
     /// An acquisition through the pinned connection (opened within `margin`
-    /// if needed), its answer awaited until `deadline`: a grant adds a guard
-    /// and comes with the generation it was granted in. The connection is
-    /// closed when it failed or timed out (a new generation), or when no
-    /// guard is left.
+    /// if needed), its answer awaited for `block` + `margin` from when it is
+    /// sent (after any acquisition of a clone ahead of it on the connection):
+    /// a grant adds a guard and comes with the generation it was granted in.
+    /// The connection is closed when it failed or timed out (a new
+    /// generation), or when no guard is left.
     pub(crate) fn acquire<T: FromRedisValue>(
         &self,
         cmd: &redis::Cmd,
-        deadline: Option<Instant>,
+        block: Option<Duration>,
         margin: Duration,
     ) -> redis::RedisResult<Option<(T, u64)>> {
         let _one = locked(&self.acquiring);
+        let deadline = wait_deadline(block, margin);
         let existing = {
             let mut st = locked(&self.state);
             st.busy = true;
@@ -951,12 +949,12 @@ pub(crate) fn grant<T: FromRedisValue>(
     block: Option<Duration>,
     margin: Duration,
 ) -> Result<Option<(T, Channel)>> {
-    let deadline = wait_deadline(block, margin);
     Ok(match pin {
         Some(pin) => pin
-            .acquire(cmd, deadline, margin)?
+            .acquire(cmd, block, margin)?
             .map(|(t, generation)| (t, Channel::Pinned(pin.clone(), generation))),
         None => {
+            let deadline = wait_deadline(block, margin);
             // Dropped (closed) on any error: a late answer must reach nobody.
             let mut conn = connect_for_wait(client, margin)?;
             let reply: Option<T> = exchange(&mut conn, cmd, deadline)?;

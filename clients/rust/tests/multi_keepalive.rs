@@ -362,6 +362,39 @@ fn release_and_renew_do_not_wait_behind_a_clones_parked_acquisition() {
     });
 }
 
+#[test]
+fn a_clones_wait_for_the_pinned_connection_is_not_counted_against_its_own() {
+    // A clone's acquisition queued behind another clone's parked one gets its
+    // own BLOCK + margin from when it is sent: the time spent queued does not
+    // make it time out, which would close the pinned connection and end the
+    // holdings bound to it.
+    let s = Server::start();
+    let cl = s.client();
+    let mut c = s.conn();
+    let _: i64 = redis::cmd("SEMAPHORE.ACQUIRE")
+        .arg(&["kq", "other", "LIMIT", "2", "PERMITS", "1", "PX", "30000"][..])
+        .query(&mut c)
+        .unwrap();
+    let sem = Lock::semaphore(&cl, "kq", 2, 1)
+        .keepalive(true)
+        .wait_margin(Duration::from_millis(300));
+    let held = sem.try_acquire().unwrap().expect("2 of 2");
+    let a = sem.clone();
+    let first = std::thread::spawn(move || a.acquire(Some(Duration::from_millis(1500))));
+    wait_until(Duration::from_secs(5), || {
+        stat(&mut s.conn(), "waiters") == 1
+    });
+    let b = sem.clone();
+    let second = std::thread::spawn(move || b.acquire(Some(Duration::from_millis(300))));
+    assert!(first.join().unwrap().unwrap().is_none(), "timed out: nil");
+    assert!(second.join().unwrap().unwrap().is_none(), "timed out: nil");
+    assert_eq!(
+        held.release().unwrap(),
+        0,
+        "the holding outlived both waits"
+    );
+}
+
 /// The client id `owner`'s semaphore holding of `key` is bound to.
 fn semaphore_binding(c: &mut redis::Connection, key: &str, owner: &str) -> Option<i64> {
     let reply: Value = redis::cmd("SEMAPHORE.INFO").arg(key).query(c).unwrap();
