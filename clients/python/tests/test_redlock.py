@@ -184,6 +184,33 @@ class RedLockTest(unittest.TestCase):
 
         asyncio.run(run())
 
+    def test_a_server_listed_twice_is_refused(self) -> None:
+        # It would count twice towards the quorum: one server as a majority.
+        urls = [self.servers[0].url, self.servers[0].url, self.servers[1].url]
+        with self.assertRaises(ValueError):
+            RedLock(urls, "res")
+        with self.assertRaises(ValueError):
+            AsyncRedLock(urls, "res")
+        other_db = self.servers[0].url[:-1] + "1"
+        with self.assertRaises(ValueError):
+            RedLock([self.servers[0].url, other_db], "res")
+
+    def test_a_cancelled_async_round_releases_what_it_got(self) -> None:
+        self.servers[2].freeze()
+
+        async def run() -> None:
+            lock = AsyncRedLock([s.url for s in self.servers], "res",
+                                lease_ms=LEASE, server_timeout=1.0)
+            # Cancelled while the frozen server keeps the round open: the
+            # others have granted by then.
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(lock.acquire(blocking=False), 0.3)
+            self.assertIsNone(lock.owner)
+            await lock.close()
+
+        asyncio.run(run())
+        self.assertEqual(self.holders("res"), [False] * N)
+
 
 if __name__ == "__main__":
     unittest.main()

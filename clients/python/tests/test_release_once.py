@@ -1,6 +1,7 @@
 """A RELEASE is sent once: when its reply is lost (a TCP proxy swallows it),
 the library does not resend it (redis-py's default retries would, and on a
-reentrant hold the second RELEASE drops the outer hold too)."""
+reentrant hold the second RELEASE drops the outer hold too). So is an
+ACQUIRE without BLOCK (a second one would take a second hold)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import redis
 import redis.asyncio
 
 from rlock import Lock
+from rlock._common import parse_info
 from rlock.aio import AsyncLock, _close
 
 SERVER: Optional[harness.Server] = None
@@ -86,8 +88,12 @@ class LossyProxy:
         self.listener.close()
 
 
+def calls(r: "redis.Redis", command: str) -> int:
+    return int(r.info("commandstats").get("cmdstat_" + command, {}).get("calls", 0))
+
+
 def release_calls(r: "redis.Redis") -> int:
-    return int(r.info("commandstats").get("cmdstat_rlock.release", {}).get("calls", 0))
+    return calls(r, "rlock.release")
 
 
 class ReleaseOnceTest(unittest.TestCase):
@@ -137,6 +143,36 @@ class ReleaseOnceTest(unittest.TestCase):
                     await lock.release()
                 self.check_outer_hold_kept("once-async", before)
                 await lock.release()
+            finally:
+                await _close(r)
+
+        asyncio.run(scenario())
+
+    def check_one_hold(self, key: str, before: int) -> None:
+        self.assertEqual(calls(self.direct, "rlock.acquire"), before + 1, "ACQUIRE was resent")
+        info = parse_info(self.direct.execute_command("RLOCK.INFO", key))
+        assert info is not None
+        self.assertEqual(info["holds"], 1)
+
+    def test_a_lost_acquire_reply_is_not_resent(self) -> None:
+        r = redis.Redis(port=self.proxy.port, socket_timeout=0.5)
+        lock = Lock(r, "acquire-once")
+        before = calls(self.direct, "rlock.acquire")
+        self.proxy.marker = b"RLOCK.ACQUIRE"
+        with self.assertRaises(redis.RedisError):
+            lock.acquire(blocking=False)
+        self.check_one_hold("acquire-once", before)
+        r.close()
+
+    def test_async_a_lost_acquire_reply_is_not_resent(self) -> None:
+        async def scenario() -> None:
+            r = redis.asyncio.Redis(port=self.proxy.port, socket_timeout=0.5)
+            try:
+                before = calls(self.direct, "rlock.acquire")
+                self.proxy.marker = b"RLOCK.ACQUIRE"
+                with self.assertRaises(redis.RedisError):
+                    await AsyncLock(r, "acquire-once-async").acquire(blocking=False)
+                self.check_one_hold("acquire-once-async", before)
             finally:
                 await _close(r)
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Connection};
 
-use crate::{millis, random_owner, random_u64, Connector, Result, DEFAULT_LEASE};
+use crate::{millis, random_owner, random_u64, Connector, Error, Result, DEFAULT_LEASE};
 
 /// One server's cached connection and its connector.
 struct Slot {
@@ -26,6 +26,16 @@ fn slots(servers: &[Client], timeout: Duration) -> Vec<Mutex<Slot>> {
         .collect()
 }
 
+/// The address of a server listed twice (another db of it is the same
+/// server): it would count twice towards the quorum.
+fn listed_twice(servers: &[Client]) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    servers
+        .iter()
+        .map(|c| c.get_connection_info().addr.to_string())
+        .find(|addr| !seen.insert(addr.clone()))
+}
+
 /// Quorum lock over independent servers.
 ///
 /// [`RedLock::try_acquire`] sends `RLOCK.ACQUIRE key owner PX lease` (never
@@ -33,13 +43,16 @@ fn slots(servers: &[Client], timeout: Duration) -> Vec<Mutex<Slot>> {
 /// (connect, write and read), so a dead or frozen server costs at most that.
 /// The lock is held when at least N/2+1 servers granted and the validity —
 /// lease − time spent − drift (lease × `drift_factor` + 2 ms) — is positive;
-/// otherwise the attempt is released on every server.
+/// otherwise the attempt is released on every server. A server listed twice
+/// (by address) makes every acquisition an error: it would count twice.
 ///
 /// Each acquisition uses a fresh owner string (not reentrant). The tokens are
 /// per server: **they are not one fencing token** (each server counts on its
 /// own), so do not compare them across servers.
 pub struct RedLock {
     servers: Vec<Client>,
+    /// A server listed twice (its address): refused by every acquisition.
+    listed_twice: Option<String>,
     conns: Vec<Mutex<Slot>>,
     key: String,
     lease: Duration,
@@ -54,6 +67,7 @@ impl RedLock {
     pub fn new(servers: &[Client], key: impl Into<String>) -> RedLock {
         RedLock {
             servers: servers.to_vec(),
+            listed_twice: listed_twice(servers),
             conns: slots(servers, Duration::from_millis(100)),
             key: key.into(),
             lease: DEFAULT_LEASE,
@@ -127,6 +141,14 @@ impl RedLock {
     /// One round over all servers: `Some(guard)` when a quorum granted within
     /// the validity, else `None` (after releasing on every server).
     pub fn try_acquire(&self) -> Result<Option<RedLockGuard<'_>>> {
+        if let Some(addr) = &self.listed_twice {
+            let e = (
+                redis::ErrorKind::InvalidClientConfig,
+                "RedLock needs distinct servers, one is listed twice",
+                addr.clone(),
+            );
+            return Err(Error::Redis(e.into()));
+        }
         let owner = format!("{}:redlock", random_owner());
         let mut acquire = redis::cmd("RLOCK.ACQUIRE");
         acquire

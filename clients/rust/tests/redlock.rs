@@ -136,3 +136,17 @@ fn extend_renews_on_a_quorum() {
     }
     assert!(!g.extend().unwrap());
 }
+
+#[test]
+fn a_server_listed_twice_is_refused() {
+    // It would count twice towards the quorum: one live server of three
+    // listed as a majority.
+    let s = Server::start();
+    let other_db = redis::Client::open(format!("redis://127.0.0.1:{}/1", s.port)).unwrap();
+    for servers in [vec![s.client(), s.client()], vec![s.client(), other_db]] {
+        let rl = RedLock::new(&servers, "res").lease(LEASE);
+        let e = rl.try_acquire().err().expect("refused");
+        assert!(e.to_string().contains("listed twice"), "{e}");
+        assert!(!s.has("res"));
+    }
+}

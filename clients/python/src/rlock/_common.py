@@ -304,3 +304,15 @@ def drift_ms(lease_ms: int, drift_factor: float) -> float:
 
 def quorum(n: int) -> int:
     return n // 2 + 1
+
+
+def check_distinct_servers(clients: Sequence[Any]) -> None:
+    """RedLock's quorum counts servers, so one listed twice (also with another
+    db: the same process) would count twice: ValueError."""
+    seen = set()
+    for c in clients:
+        kw = c.connection_pool.connection_kwargs
+        where = kw.get("path") or (kw.get("host", "localhost"), kw.get("port", 6379))
+        if where in seen:
+            raise ValueError("RedLock needs distinct servers: %r is listed twice" % (where,))
+        seen.add(where)

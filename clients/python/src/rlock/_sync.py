@@ -28,6 +28,7 @@ from ._common import (
     acquire_all,
     block_generation,
     block_ms,
+    check_distinct_servers,
     check_lease,
     check_margin,
     check_permits,
@@ -123,8 +124,9 @@ def _pool_connection(pool: Any) -> Any:
 
 def _send_once(client: "redis.Redis", args: List[Any]) -> Any:
     """One command on a connection of ``client``'s pool, never resent: a
-    RELEASE whose reply was lost may have been applied, and the client's own
-    retries would send it again and drop one more hold. A failure closes the
+    RELEASE (or an ACQUIRE) whose reply was lost may have been applied, and
+    the client's own retries would send it again and drop (or take) one more
+    hold. A failure closes the
     connection (a late reply would be read as the next command's)."""
     pool = client.connection_pool
     conn = _pool_connection(pool)
@@ -498,7 +500,9 @@ class _LockBase:
                     note_grant(self._pin)
                     return self._granted(reply)
             if block is None:
-                reply = self.client.execute_command(*args)
+                # Sent once: a retried ACQUIRE whose first reply was lost
+                # would take a second hold of a reentrant lock.
+                reply = _send_once(self.client, args)
             else:
                 reply = _wait_call(self.client, args, block, self.wait_margin)
         except redis.ResponseError as e:
@@ -961,6 +965,7 @@ class RedLock:
         if not servers:
             raise ValueError("RedLock needs at least one server")
         self.clients: List[redis.Redis] = [_redlock_client(s, server_timeout) for s in servers]
+        check_distinct_servers(self.clients)
         self.key = key
         self.lease_ms = check_lease(lease_ms)
         self.server_timeout = server_timeout
@@ -995,7 +1000,13 @@ class RedLock:
             raise RuntimeError("this RedLock is held: release it first")
         self.owner = "%s:redlock" % uuid.uuid4()
         start = time.monotonic()
-        replies = self._each(lambda owner: ["RLOCK.ACQUIRE", self.key, owner, "PX", self.lease_ms])
+        try:
+            replies = self._each(lambda owner: ["RLOCK.ACQUIRE", self.key, owner, "PX", self.lease_ms])
+        except BaseException:
+            # Interrupted mid-round (KeyboardInterrupt): servers may have granted.
+            self._release_everywhere()
+            self.owner = None
+            raise
         elapsed_ms = (time.monotonic() - start) * 1000.0
         tokens = tuple(
             int(r) if ok and isinstance(r, int) else None for ok, r in replies)

@@ -44,6 +44,7 @@ from ._common import (
     acquire_all,
     block_generation,
     block_ms,
+    check_distinct_servers,
     check_lease,
     check_margin,
     check_permits,
@@ -442,7 +443,8 @@ class _AsyncLockBase:
                     note_grant(self._pin)
                     return self._granted(reply)
             if block is None:
-                reply = await self.client.execute_command(*args)
+                # Sent once (see the sync ``acquire``).
+                reply = await _send_once(self.client, args)
             else:
                 reply = await self._wait(args, block)
         except redis.ResponseError as e:
@@ -844,6 +846,7 @@ class AsyncRedLock:
         if not servers:
             raise ValueError("RedLock needs at least one server")
         self.clients: List[ARedis] = [_redlock_client(s, server_timeout) for s in servers]
+        check_distinct_servers(self.clients)
         self.key = key
         self.lease_ms = check_lease(lease_ms)
         self.server_timeout = server_timeout
@@ -875,16 +878,26 @@ class AsyncRedLock:
             raise RuntimeError("this RedLock is held: release it first")
         self.owner = "%s:redlock" % uuid.uuid4()
         start = time.monotonic()
-        replies = await self._each("RLOCK.ACQUIRE", self.key, self.owner, "PX", self.lease_ms)
+        try:
+            replies = await self._each("RLOCK.ACQUIRE", self.key, self.owner, "PX", self.lease_ms)
+        except BaseException:
+            # Cancelled mid-round: servers may have granted already.
+            await self._release_round()
+            raise
         elapsed_ms = (time.monotonic() - start) * 1000.0
         tokens = tuple(int(r) if ok and isinstance(r, int) else None for ok, r in replies)
         validity = self.lease_ms - elapsed_ms - drift_ms(self.lease_ms, self.drift_factor)
         if sum(t is not None for t in tokens) >= self.quorum and validity > 0:
             self.grant = RedLockGrant(tokens, validity, start)
             return self.grant
-        await self._each("RLOCK.RELEASE", self.key, self.owner)
-        self.owner = None
+        await self._release_round()
         return None
+
+    async def _release_round(self) -> None:
+        """Releases a round that did not make the lock on every server; shielded,
+        so a caller cancelled meanwhile does not stop it half-way."""
+        owner, self.owner = self.owner, None
+        await asyncio.shield(self._each("RLOCK.RELEASE", self.key, owner))
 
     async def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> Optional[RedLockGrant]:
         deadline = None if timeout is None else time.monotonic() + timeout
