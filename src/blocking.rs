@@ -219,6 +219,14 @@ pub fn queue_len(db: i32, key: &[u8]) -> usize {
     with_queue(db, key, |q| q.len()).unwrap_or(0)
 }
 
+/// A semaphore's limit in force, kept with its waiters while its key is gone
+/// (nothing to keep without waiters: the next grant's own limit starts it).
+pub fn keep_limit(db: i32, key: &[u8], limit: u32) {
+    if any_queued() {
+        with_queue(db, key, |q| q.keep_limit(limit));
+    }
+}
+
 /// Keys (db, name) that have a queue, for re-serving after a flush.
 pub fn queued_keys(db: Option<i32>) -> Vec<(i32, Vec<u8>)> {
     with(|r| {

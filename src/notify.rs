@@ -160,6 +160,10 @@ pub unsafe extern "C" fn on_unlink(octx: *mut raw::RedisModuleKeyOptCtx, value: 
         }
         if crate::blocking::any_queued() && crate::blocking::queue_len(db, key) > 0 {
             let if_absent = if expired {
+                // The waiters are served under the limit in force.
+                if lock.limit > 0 {
+                    crate::blocking::keep_limit(db, key, lock.limit);
+                }
                 IfAbsent::Grant
             } else {
                 IfAbsent::Retry

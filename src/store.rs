@@ -114,11 +114,13 @@ impl Stored {
                 kind: (*v).kind(),
                 holders: (*v).holder_count(),
                 latest_deadline: (*v).latest_deadline(),
+                limit: (*v).limit(),
             },
             Form::Packed(c) => Outline {
                 kind: (*c).kind(),
                 holders: (*c).holder_count(),
                 latest_deadline: Some((*c).deadline()).filter(|_| (*c).holder_count() > 0),
+                limit: (*c).limit(),
             },
         }
     }
@@ -198,6 +200,8 @@ pub struct Outline {
     pub kind: Kind,
     pub holders: usize,
     pub latest_deadline: Option<i64>,
+    /// A semaphore's limit in force (0 for the lock families).
+    pub limit: u32,
 }
 
 /// The lock at an open key: `Err(())` if the key holds anything else.

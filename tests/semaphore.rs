@@ -350,6 +350,57 @@ fn waiters_let_in_by_the_last_release_get_the_latest_limit() {
     assert_eq!(info_int(&mut c, "sl", "used"), 1);
 }
 
+/// A lowered limit a waiter does not fit under outlives the last holding,
+/// however it ends (release, FORCERELEASE, its lease): the key is gone, the
+/// waiter still waits, and the next ACQUIRE's limit is the one in force,
+/// never the waiter's own. A replica follows.
+#[test]
+fn a_lowered_limit_outlives_the_last_holding_while_waiters_remain() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut c = master.client();
+    for end in ["release", "forcerelease", "lease"] {
+        let key = format!("lo-{end}");
+        let lease = if end == "lease" { "300" } else { "60000" };
+        acquire(&mut c, &key, "h", 5, 3, &["PX", lease]).expect("3 of 5");
+        let args = [
+            "SEMAPHORE.ACQUIRE",
+            &key,
+            "w",
+            "LIMIT",
+            "5",
+            "PERMITS",
+            "4",
+            "BLOCK",
+            "5000",
+        ];
+        let w = spawn_call(&master, &args);
+        wait_parked(&mut c, 1);
+        assert_eq!(acquire(&mut c, &key, "y", 2, 1, &[]), None, "{end}");
+        match end {
+            "release" => assert_eq!(release(&mut c, &key, "h", 3), 0),
+            "forcerelease" => assert_eq!(int(&mut c, &["SEMAPHORE.FORCERELEASE", &key]), 1),
+            _ => sleep(Duration::from_millis(600)),
+        }
+        sleep(Duration::from_millis(50));
+        assert_eq!(stat(&mut c, "waiters"), 1, "{end}: still waiting (4 > 2)");
+        assert_eq!(int(&mut c, &["EXISTS", &key]), 0, "{end}");
+        // A newcomer under LIMIT 2 neither overtakes it nor lets it in under 5.
+        assert_eq!(acquire(&mut c, &key, "q", 2, 1, &[]), None, "{end}");
+        assert_eq!(stat(&mut c, "waiters"), 1, "{end}");
+        // Raised to 4: it fits, and takes the key under that limit.
+        assert_eq!(acquire(&mut c, &key, "z", 4, 1, &[]), None, "{end}");
+        assert!(matches!(w.join().unwrap().0, Ok(Value::Int(_))), "{end}");
+        assert_eq!(info_int(&mut c, &key, "limit"), 4, "{end}");
+        assert_eq!(info_int(&mut c, &key, "used"), 4, "{end}");
+    }
+    let acked: i64 = cmd("WAIT").arg(1).arg(2000).query(&mut c).unwrap();
+    assert_eq!(acked, 1);
+    let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
+    assert_eq!(digest(&mut c), digest(&mut replica.client()));
+}
+
 #[test]
 fn fifo_large_head_blocks_smaller_ones_and_one_release_serves_many() {
     let s = Server::start();

@@ -255,7 +255,12 @@ impl Opened<'_> {
     fn put_limit(&mut self, limit: u32) -> bool {
         let state = self.slot.state();
         let old = state.limit();
-        if old == 0 || limit == old {
+        if old == 0 {
+            // The key is gone: its waiters, if any, keep the limit in force.
+            blocking::keep_limit(self.db, self.name, limit);
+            return false;
+        }
+        if limit == old {
             return false;
         }
         state.set_limit(limit, &mut self.change.delta);
@@ -865,6 +870,10 @@ fn write_back<'s>(
         // deletion under its holder).
         if let Slot::Unpacked(block, _) = *slot {
             unsafe { (*block).clear() };
+        }
+        let limit = slot.state().limit();
+        if limit > 0 {
+            blocking::keep_limit(db, name, limit);
         }
         crate::lease::unwatch(db, name);
         unsafe { api!(RedisModule_DeleteKey)(key.raw) };

@@ -143,6 +143,11 @@ impl Compact {
         Kind::from_code(self.kind.into()).expect("packed from a Kind")
     }
 
+    /// A semaphore's limit (0 for the lock families).
+    pub fn limit(&self) -> u32 {
+        self.limit.into()
+    }
+
     fn owner(&self) -> Owner {
         match self.owner_field() {
             OwnerField::Raw(bytes) => Owner::new(bytes),

@@ -51,6 +51,10 @@ pub enum Served {
 pub struct WaitQueue {
     kind: Kind,
     entries: BTreeMap<u64, Waiter>,
+    /// A semaphore's limit in force while its key is gone and its waiters
+    /// are not (the last holding ended, none of them fits): the latest
+    /// ACQUIRE's, which a new semaphore made for them takes (0: none kept).
+    limit: u32,
 }
 
 impl WaitQueue {
@@ -58,7 +62,13 @@ impl WaitQueue {
         WaitQueue {
             kind,
             entries: BTreeMap::new(),
+            limit: 0,
         }
+    }
+
+    /// Keeps a semaphore's limit in force for when its key is gone.
+    pub fn keep_limit(&mut self, limit: u32) {
+        self.limit = limit;
     }
 
     pub fn kind(&self) -> Kind {
@@ -162,6 +172,7 @@ impl WaitQueue {
             return self.refuse_all(err::WRONGTYPE);
         }
         let mut served = Vec::new();
+        let kept = self.limit;
         while let Some(entry) = self.entries.first_entry() {
             let head = entry.get();
             let outcome = if head.timed_out(now) {
@@ -170,7 +181,8 @@ impl WaitQueue {
                 // Reserved for a multi-key waiter: see `multi_head_ready`.
                 break;
             } else {
-                match lock.admit(&head.owner, head.mode) {
+                let mode = admitted_mode(kept, lock, head.mode);
+                match lock.admit(&head.owner, mode) {
                     Admission::Busy => break,
                     Admission::Upgrade => Served::Refused {
                         id: head.id,
@@ -178,7 +190,7 @@ impl WaitQueue {
                     },
                     Admission::Fresh | Admission::Reentrant => {
                         let deadline = now.saturating_add(head.lease_ms);
-                        match lock.grant(&head.owner, head.mode, deadline, issue, delta) {
+                        match lock.grant(&head.owner, mode, deadline, issue, delta) {
                             Ok(token) => Served::Granted {
                                 id: head.id,
                                 token,
@@ -203,6 +215,17 @@ impl WaitQueue {
             .into_keys()
             .map(|id| Served::Refused { id, error })
             .collect()
+    }
+}
+
+/// The mode a waiter is admitted with: on a semaphore with no limit (its key
+/// gone) the limit `kept` for it, not the one the waiter asked with.
+fn admitted_mode(kept: u32, lock: &LockState, mode: Mode) -> Mode {
+    match mode {
+        Mode::Permits { count, .. } if lock.limit() == 0 && kept > 0 => {
+            Mode::Permits { count, limit: kept }
+        }
+        mode => mode,
     }
 }
 
@@ -416,6 +439,13 @@ mod tests {
         assert_eq!(fresh.admit(b"x", permits(2, 2)), Admission::Fresh);
         fresh.grant(b"x", permits(2, 2), 10, &mut issue, d).unwrap();
         assert_eq!(fresh.limit(), 2);
+        // Its key gone with waiters left, the queue keeps the limit in force:
+        // a new semaphore made for them takes it, not theirs.
+        let mut remade = LockState::new(Kind::Semaphore);
+        q.keep_limit(1);
+        let served = q.serve(&mut remade, 6, &mut issue, d);
+        assert_eq!(ids(&served), vec![2], "one permit under the limit kept");
+        assert_eq!((remade.limit(), remade.used()), (1, 1));
     }
 
     #[test]
