@@ -2120,8 +2120,13 @@ fn mutated_dump_payloads_are_refused_or_restored_valid() {
             "{enc:?}: {tried} tried, {refused} refused, {restored} restored"
         );
     }
+    // Nothing kept per payload: one leaked allocation per payload tried would
+    // be at least 20,000 x 16 bytes. The bound leaves room for the server's
+    // own accounting, which on Redis 8.2 moves from run to run with the same
+    // seed (556-638 KB after the corpus from a 573 KB baseline, four runs;
+    // not traced further), while Redis 7.0 gives the same figure every run.
     assert!(
-        after - baseline < 64 * 1024,
+        after - baseline < 128 * 1024,
         "dataset.bytes grew from {baseline} to {after}"
     );
 
