@@ -623,6 +623,20 @@ fn a_refused_acquireall_is_the_null_array() {
     assert_eq!(owner_of(&mut c, "a"), None);
 }
 
+type Call = std::thread::JoinHandle<(redis::RedisResult<Value>, Duration)>;
+
+/// `h` holds `{tag}1`; `w` waits for `{tag}1` and `{tag}2` at once (so it
+/// reserves `{tag}2`, which nobody holds) and `y` for `{tag}2` behind it.
+fn a_reservation_and_a_waiter_behind(s: &Server, c: &mut Connection, tag: &str) -> (Call, Call) {
+    let (k1, k2) = (format!("{{{tag}}}1"), format!("{{{tag}}}2"));
+    int(c, &["RLOCK.ACQUIRE", &k1, "h"]);
+    let all = spawn_call(s, &["RLOCK.ACQUIREALL", "2", &k1, &k2, "w", "BLOCK", "0"]);
+    wait_parked(c, 1);
+    let behind = spawn_call(s, &["RLOCK.ACQUIRE", &k2, "y", "BLOCK", "0"]);
+    wait_parked(c, 2);
+    (all, behind)
+}
+
 /// A key that only a multi-key waiter's reservation has loses nothing to a
 /// flush: `DEBUG RELOAD` (a save, a flush, a load) keeps everyone waiting,
 /// and `FLUSHALL` tells only the waiters of a flushed lock to retry; the
@@ -631,14 +645,7 @@ fn a_refused_acquireall_is_the_null_array() {
 fn a_reserved_key_survives_a_reload_and_is_not_flushed() {
     let s = Server::start();
     let mut c = s.client();
-    int(&mut c, &["RLOCK.ACQUIRE", "{a}1", "h"]);
-    let all = spawn_call(
-        &s,
-        &["RLOCK.ACQUIREALL", "2", "{a}1", "{a}2", "w", "BLOCK", "0"],
-    );
-    wait_parked(&mut c, 1);
-    let behind = spawn_call(&s, &["RLOCK.ACQUIRE", "{a}2", "y", "BLOCK", "0"]);
-    wait_parked(&mut c, 2);
+    let (all, behind) = a_reservation_and_a_waiter_behind(&s, &mut c, "a");
     let _: () = cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
     sleep(Duration::from_millis(200));
     assert_eq!(stat(&mut c, "waiters"), 2, "{}", s.log());
@@ -649,14 +656,7 @@ fn a_reserved_key_survives_a_reload_and_is_not_flushed() {
     assert!(matches!(behind.join().unwrap().0.unwrap(), Value::Int(_)));
     assert_eq!(owner_of(&mut c, "{a}2").as_deref(), Some("y"));
 
-    int(&mut c, &["RLOCK.ACQUIRE", "{b}1", "h"]);
-    let all = spawn_call(
-        &s,
-        &["RLOCK.ACQUIREALL", "2", "{b}1", "{b}2", "w", "BLOCK", "0"],
-    );
-    wait_parked(&mut c, 1);
-    let behind = spawn_call(&s, &["RLOCK.ACQUIRE", "{b}2", "y", "BLOCK", "0"]);
-    wait_parked(&mut c, 2);
+    let (all, behind) = a_reservation_and_a_waiter_behind(&s, &mut c, "b");
     let _: () = cmd("FLUSHALL").query(&mut c).unwrap();
     let e = all.join().unwrap().0.unwrap_err();
     assert_eq!(e.code(), Some("TRYAGAIN"), "{e}");
