@@ -126,8 +126,8 @@ def _send_once(client: "redis.Redis", args: List[Any]) -> Any:
     """One command on a connection of ``client``'s pool, never resent: a
     RELEASE (or an ACQUIRE) whose reply was lost may have been applied, and
     the client's own retries would send it again and drop (or take) one more
-    hold. A failure closes the
-    connection (a late reply would be read as the next command's)."""
+    hold. A failure closes the connection (a late reply would be read as the
+    next command's)."""
     pool = client.connection_pool
     conn = _pool_connection(pool)
     try:
