@@ -548,7 +548,6 @@ fn a_reserved_key_stays_in_its_family() {
     int(&mut c, &["RWLOCK.ACQUIRE", "k2", "READ", "z"]);
     let acked: i64 = cmd("WAIT").arg(1).arg(2000).query(&mut c).unwrap();
     assert_eq!(acked, 1);
-    let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
     assert_eq!(digest(&mut c), digest(&mut r));
 }
 

@@ -397,7 +397,6 @@ fn a_lowered_limit_outlives_the_last_holding_while_waiters_remain() {
     }
     let acked: i64 = cmd("WAIT").arg(1).arg(2000).query(&mut c).unwrap();
     assert_eq!(acked, 1);
-    let digest = |c: &mut Connection| -> String { cmd("DEBUG").arg("DIGEST").query(c).unwrap() };
     assert_eq!(digest(&mut c), digest(&mut replica.client()));
 }
 

@@ -318,10 +318,7 @@ fn release_and_renew_do_not_wait_behind_a_clones_parked_acquisition() {
     let s = Server::start();
     let cl = s.client();
     let mut c = s.conn();
-    let _: i64 = redis::cmd("SEMAPHORE.ACQUIRE")
-        .arg(&["kr", "other", "LIMIT", "2", "PERMITS", "1", "PX", "30000"][..])
-        .query(&mut c)
-        .unwrap();
+    another_holds_one_of_two(&mut c, "kr");
     let sem = Lock::semaphore(&cl, "kr", 2, 1).keepalive(true);
     let mut first = sem.try_acquire().unwrap().expect("2 of 2");
     let bound = semaphore_binding(&mut c, "kr", sem.owner_name()).expect("bound");
@@ -371,10 +368,7 @@ fn a_clones_wait_for_the_pinned_connection_is_not_counted_against_its_own() {
     let s = Server::start();
     let cl = s.client();
     let mut c = s.conn();
-    let _: i64 = redis::cmd("SEMAPHORE.ACQUIRE")
-        .arg(&["kq", "other", "LIMIT", "2", "PERMITS", "1", "PX", "30000"][..])
-        .query(&mut c)
-        .unwrap();
+    another_holds_one_of_two(&mut c, "kq");
     let sem = Lock::semaphore(&cl, "kq", 2, 1)
         .keepalive(true)
         .wait_margin(Duration::from_millis(300));
@@ -393,6 +387,14 @@ fn a_clones_wait_for_the_pinned_connection_is_not_counted_against_its_own() {
         0,
         "the holding outlived both waits"
     );
+}
+
+/// Another owner holds one permit of a semaphore of two at `key`.
+fn another_holds_one_of_two(c: &mut redis::Connection, key: &str) {
+    let _: i64 = redis::cmd("SEMAPHORE.ACQUIRE")
+        .arg(&[key, "other", "LIMIT", "2", "PERMITS", "1", "PX", "30000"][..])
+        .query(c)
+        .unwrap();
 }
 
 /// The client id `owner`'s semaphore holding of `key` is bound to.
